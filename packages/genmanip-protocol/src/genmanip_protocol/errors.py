@@ -21,6 +21,7 @@ __all__ = [
     "GenmanipError",
     "GenmanipProtocolError",
     "HTTPStatusError",
+    "LockTimeout",
     "RequestTimeout",
     "ResponseError",
     "TransportError",
@@ -85,6 +86,20 @@ class ConfigError(GenmanipProtocolError):
     """A configuration file or setting is invalid."""
 
     exit_code = ExitCode.USAGE
+
+
+class LockTimeout(GenmanipProtocolError):
+    """A cross-process file lock could not be taken within ``timeout`` seconds."""
+
+    exit_code = ExitCode.TIMEOUT
+
+    def __init__(self, path: str, timeout: float, *, hint: str | None = None) -> None:
+        super().__init__(
+            f"could not lock {path} within {timeout:g} s (another process holds it)",
+            hint=hint or "another gmp process is writing the same file; retry when it is done",
+        )
+        self.path = path
+        self.timeout = timeout
 
 
 class EncodeError(GenmanipProtocolError):

@@ -1,0 +1,226 @@
+"""Handlers of ``gmp plot`` and ``gmp clean`` (the parser lives in ``genmanip.cli.specs.artifacts``).
+
+Data (written files, the cleanup plan) goes to stdout; talk, warnings and errors to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from genmanip_protocol.console import Console, format_duration
+from genmanip_protocol.errors import ExitCode, GenmanipError
+
+from .clean import CleanPlan, CleanReport, execute_clean, format_size, plan_clean
+from .errors import ArtifactsUsageError, PlotFailures
+from .plot import EpisodeOutcome, plot_episodes
+
+__all__ = ["clean", "plot"]
+
+
+def _as_list(value: object) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [str(v) for v in value]
+    return [str(value)]
+
+
+def _episode_subdir(ep_dir: Path, index: int) -> Path:
+    """Relative output dir for one episode of a batch: ``<benchmark>/<run>/<task>/<seed>``.
+
+    Built from the directory structure (never from a server-provided id) and checked like any
+    episode id, so it can never leave ``--out``.
+    """
+    from genmanip_protocol.results import load_episode
+    from genmanip_protocol.schema import safe_relative_path
+
+    try:
+        info = load_episode(ep_dir)
+        return Path(safe_relative_path(f"{info.benchmark}/{info.run_id}/{info.task_name}/{info.seed}"))
+    except (GenmanipError, OSError, ValueError):
+        return Path(f"episode_{index:04d}")
+
+
+def _collect_jobs(args: argparse.Namespace, console: Console) -> list[tuple[Path, Path | None]]:
+    from genmanip_protocol.results import is_run_dir, load_run
+
+    episodes = [Path(p) for p in _as_list(getattr(args, "episodes", None))]
+    for run in _as_list(getattr(args, "run", None)):
+        run_dir = Path(run)
+        if not run_dir.is_dir() or not is_run_dir(run_dir):
+            raise ArtifactsUsageError(
+                f"--run {run}: not a run directory",
+                hint="give <results>/<benchmark>/<run_id> (with run.json, result.json or progress.json)",
+            )
+        info = load_run(run_dir)
+        done = [e for e in info.episodes if e.complete]
+        skipped = len(info.episodes) - len(done)
+        if skipped:
+            console.warn(f"{run}: skipping {skipped} incomplete episode(s)")
+        episodes.extend(e.path for e in done)
+    if not episodes:
+        raise ArtifactsUsageError("nothing to plot: give EPISODE_DIR... or --run RUN_DIR")
+    # The same directory named twice (or through a symlink) is plotted once.
+    seen: set[str] = set()
+    unique: list[Path] = []
+    for ep in episodes:
+        key = os.path.realpath(ep)
+        if key not in seen:
+            seen.add(key)
+            unique.append(ep)
+    out = getattr(args, "out", None)
+    if out is None:
+        return [(ep, None) for ep in unique]
+    out_dir = Path(out)
+    if len(unique) == 1:
+        return [(unique[0], out_dir)]
+    return [(ep, out_dir / _episode_subdir(ep, i)) for i, ep in enumerate(unique)]
+
+
+def plot(args: argparse.Namespace) -> int:
+    """``gmp plot EPISODE_DIR... | --run RUN_DIR [--jobs N] [--out DIR] [--no-video]``.
+
+    Writes state/action PNGs and the overlay video per episode; prints every written file on
+    stdout. A failing episode is one error line; the others continue; exit FAILURE with a count.
+    """
+    console = Console.from_args(args)
+    jobs = _collect_jobs(args, console)
+    n_jobs = getattr(args, "jobs", None)
+    workers = int(n_jobs) if n_jobs else (os.cpu_count() or 1)
+    if workers < 1:
+        raise ArtifactsUsageError(f"--jobs: expected a positive number, got {n_jobs}")
+    video = bool(getattr(args, "video", True))
+    failed = 0
+
+    with console.progress(len(jobs), "plot", unit="episodes") as progress:
+
+        def done(o: EpisodeOutcome) -> None:
+            nonlocal failed
+            if o.result is None:
+                failed += 1
+                console.error(o.error or f"{o.episode_dir}: failed")
+            else:
+                r = o.result
+                for w in r.warnings:
+                    console.warn(f"{o.episode_dir}: {w}")
+                files = [r.state_plot, r.action_plot] + ([r.video] if r.video else [])
+                sys.stdout.write("".join(f"{f}\n" for f in files))
+                sys.stdout.flush()
+            if failed:
+                progress.update(1, failed=failed)
+            else:
+                progress.update(1)
+
+        plot_episodes(jobs, video=video, workers=min(workers, len(jobs)), on_done=done)
+        elapsed = progress.elapsed_s
+    ok = len(jobs) - failed
+    console.info(f"plotted {ok} of {len(jobs)} episode(s) in {format_duration(elapsed)}")
+    if failed:
+        raise PlotFailures(failed, len(jobs))
+    return int(ExitCode.OK)
+
+
+# ---------------------------------------------------------------- clean
+
+
+def _show(path: Path, plan: CleanPlan) -> str:
+    for base in (plan.root, plan.cache_dir):
+        try:
+            rel = path.relative_to(base)
+        except ValueError:
+            continue
+        return str(rel) if base == plan.root else f"{base}/{rel}"
+    return str(path)
+
+
+def _print_plan(plan: CleanPlan, *, heading: str) -> None:
+    lines: list[str] = []
+    for category, items in plan.by_category().items():
+        size = sum(i.size for i in items)
+        lines.append(f"{category}: {len(items)} item(s), {format_size(size)}")
+        for item in items:
+            kind = {"dir": "/", "symlink": " (symlink)"}.get(item.kind, "")
+            note = f"  [{item.note}]" if item.note else ""
+            lines.append(f"  {format_size(item.size):>10}  {_show(item.path, plan)}{kind}{note}")
+    lines.append(f"{heading}: {len(plan.items)} item(s), {format_size(plan.total_bytes)}")
+    sys.stdout.write("\n".join(lines) + "\n")
+    sys.stdout.flush()
+
+
+def _confirm(console: Console, question: str) -> bool:
+    console.write(f"{question} [y/N] ")
+    try:
+        answer = sys.stdin.readline()
+    except (OSError, ValueError):
+        return False
+    return answer.strip().lower() in ("y", "yes")
+
+
+def _interactive() -> bool:
+    try:
+        return sys.stdin.isatty() and sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def clean(args: argparse.Namespace) -> int:
+    """``gmp clean [--root DIR] [--plots] [--results] [--all] [--force] [--yes] [--dry-run]
+    [--cache-dir DIR]``.
+
+    Lists what would go by category with sizes (stdout). Deletes only with ``--yes`` or after a
+    confirmation on a terminal. Exit: 0 done (or listed in a dry run), NOTHING_TO_DO when nothing
+    matched, REFUSED when something matching was kept for safety (or the prompt was declined),
+    FAILURE when a deletion failed.
+    """
+    console = Console.from_args(args)
+    everything = bool(getattr(args, "all", False))
+    plan = plan_clean(
+        getattr(args, "root", None) or ".",
+        plots=bool(getattr(args, "plots", False)) or everything,
+        results=bool(getattr(args, "results", False)),
+        all_caches=everything,
+        force=bool(getattr(args, "force", False)),
+        cache_dir=getattr(args, "cache_dir", None),
+    )
+    for r in plan.refused:
+        console.warn(f"kept {_show(r.path, plan)}: {r.reason}")
+    if not plan.items:
+        if plan.refused:
+            console.info(f"nothing deleted; {len(plan.refused)} item(s) kept for safety")
+            return int(ExitCode.REFUSED)
+        console.info("nothing to clean")
+        return int(ExitCode.NOTHING_TO_DO)
+    dry = bool(getattr(args, "dry_run", False))
+    yes = bool(getattr(args, "yes", False))
+    if dry or not yes:
+        _print_plan(plan, heading="would delete")
+        if dry:
+            console.info("dry run: nothing deleted")
+            return int(ExitCode.REFUSED if plan.refused else ExitCode.OK)
+        if not _interactive():
+            console.info("dry run (not a terminal): nothing deleted; add --yes to delete")
+            return int(ExitCode.REFUSED if plan.refused else ExitCode.OK)
+        if not _confirm(console, f"delete {len(plan.items)} item(s), {format_size(plan.total_bytes)}?"):
+            console.info("nothing deleted")
+            return int(ExitCode.REFUSED)
+    report = execute_clean(plan)
+    _print_report(report, plan, console)
+    if report.failed:
+        return int(ExitCode.FAILURE)
+    if report.refused:
+        return int(ExitCode.REFUSED)
+    return int(ExitCode.OK)
+
+
+def _print_report(report: CleanReport, plan: CleanPlan, console: Console) -> None:
+    sys.stdout.write("".join(f"deleted {_show(i.path, plan)}\n" for i in report.removed))
+    sys.stdout.flush()
+    for item, why in report.failed:
+        console.error(f"could not delete {_show(item.path, plan)}: {why}")
+    new_refusals = report.refused[len(plan.refused):]
+    for r in new_refusals:
+        console.warn(f"kept {_show(r.path, plan)}: {r.reason}")
+    console.info(f"freed {format_size(report.bytes_freed)} in {len(report.removed)} item(s)")

@@ -1,0 +1,185 @@
+"""``merged_with_plot.mp4``: every camera side by side over a synchronized state/action panel.
+
+Frame ``j`` of the output is frame ``j`` of every camera video (the ``j``-th observation of the
+episode); its cursor sits at that observation's simulator timestep, taken from ``steps.jsonl``
+(``frame``/``obs_timestep``) or, for the server layout, from the row index of ``meta_record.pkl``.
+Mismatches (cameras with different frame counts, steps referencing frames a video does not have)
+raise :class:`~genmanip_artifacts.errors.AlignmentError` instead of being papered over.
+
+Cost per frame: the camera decoders and the H.264 encoder are ffmpeg processes; Python only resizes
+the camera frames (Pillow, C), copies the pre-rendered panel and writes the cursor columns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from genmanip_protocol.errors import GenmanipError
+
+from .episode import EpisodeSeries
+from .errors import AlignmentError, EpisodeDataError
+from .panels import action_panels, state_panels
+from .render import render_cursor_panel
+
+__all__ = ["OverlayLayout", "frame_timesteps", "plan_layout", "write_overlay_video"]
+
+#: Output frame limits: wide enough for the 2 x 4 panel grid, narrow enough for a laptop screen.
+MAX_WIDTH = 1920
+MIN_WIDTH = 1280
+CAMERA_HEIGHT = 360
+
+
+def _even(x: float) -> int:
+    return max(2, int(round(x / 2.0)) * 2)
+
+
+@dataclass(frozen=True)
+class OverlayLayout:
+    """Pixel layout of one output frame: cameras in a row on top, the panel below.
+
+    ``cams[i] = (x, width)`` of camera ``i`` scaled to ``cam_height`` (aspect kept); ``width`` and
+    ``height`` are the whole frame (both even, as yuv420p needs).
+    """
+
+    width: int
+    height: int
+    cam_height: int
+    panel_height: int
+    cams: list[tuple[int, int]] = field(default_factory=list)
+
+
+def plan_layout(sizes: list[tuple[int, int]], *, max_width: int = MAX_WIDTH,
+                min_width: int = MIN_WIDTH, cam_height: int = CAMERA_HEIGHT) -> OverlayLayout:
+    """Layout for cameras of ``sizes`` = [(width, height), ...] (all scaled to one height)."""
+    hc = _even(min(cam_height, min(h for _, h in sizes)))
+    widths = [_even(w * hc / h) for w, h in sizes]
+    if sum(widths) > max_width:
+        hc = _even(hc * max_width / sum(widths))
+        widths = [_even(w * hc / h) for w, h in sizes]
+    total = max(sum(widths), min_width)
+    total = _even(total)
+    x = (total - sum(widths)) // 2  # centre the cameras when the panel is wider
+    cams = []
+    for w in widths:
+        cams.append((x, w))
+        x += w
+    panel_h = _even(max(340, hc))
+    return OverlayLayout(width=total, height=hc + panel_h, cam_height=hc, panel_height=panel_h, cams=cams)
+
+
+def frame_timesteps(s: EpisodeSeries, n_frames: int) -> tuple[np.ndarray, list[str]]:
+    """Timestep of every one of ``n_frames`` video frames, plus warnings.
+
+    Frames that no step refers to (the terminal observation, say) keep the cursor where the previous
+    referenced frame put it, and are reported in the warnings.
+
+    Raises:
+        AlignmentError: no step refers to any frame, or a step refers to frame >= n_frames.
+    """
+    if not s.frame_timesteps:
+        raise AlignmentError(f"{s.path}: no recorded step refers to a video frame; cannot align", path=s.path)
+    top = max(s.frame_timesteps)
+    if top >= n_frames:
+        raise AlignmentError(
+            f"{s.path}: steps refer to frame {top} but the camera videos have only {n_frames} frames",
+            path=s.path,
+        )
+    ts = np.empty(n_frames, dtype=np.float64)
+    known = np.zeros(n_frames, dtype=bool)
+    for j, t in s.frame_timesteps.items():
+        ts[j] = t
+        known[j] = True
+    first = int(np.argmax(known))
+    ts[:first] = ts[first]
+    for j in range(first + 1, n_frames):
+        if not known[j]:
+            ts[j] = ts[j - 1]
+    warnings = []
+    inner = int((~known[first : top + 1]).sum())
+    leading, trailing = first, n_frames - 1 - top
+    if leading or inner:
+        warnings.append(f"{leading + inner} video frames are referenced by no step (cursor held)")
+    if trailing:
+        warnings.append(f"{trailing} trailing video frame(s) after the last step's observation (cursor held)")
+    return ts, warnings
+
+
+def _close(it: Iterator[np.ndarray]) -> None:
+    close = getattr(it, "close", None)
+    if close is not None:
+        try:
+            close()
+        except Exception:  # noqa: BLE001, S110 - best effort: the reader is being abandoned anyway
+            pass
+
+
+def write_overlay_video(s: EpisodeSeries, out_path: Path, *, fps: float = 30.0,
+                        max_width: int = MAX_WIDTH) -> tuple[int, list[str]]:
+    """Write the overlay video of ``s`` to ``out_path`` (H.264, yuv420p, atomic).
+
+    Returns:
+        (frames written, warnings).
+
+    Raises:
+        EpisodeDataError: no camera video, or one cannot be read.
+        AlignmentError: frame counts differ between cameras or do not cover the referenced frames.
+    """
+    from PIL import Image
+
+    from genmanip_protocol.video import VideoWriter, probe_video, read_video_frames
+
+    if not s.videos:
+        raise EpisodeDataError(f"{s.path}: no camera videos to overlay", path=s.path)
+    sizes: list[tuple[int, int]] = []
+    counts: dict[str, int] = {}
+    for cam, path in s.videos.items():
+        try:
+            n, w, h = probe_video(path)
+        except GenmanipError as exc:
+            raise EpisodeDataError(f"{path}: unreadable video ({exc})", path=s.path) from exc
+        counts[cam] = int(n)
+        sizes.append((int(w), int(h)))
+    if len(set(counts.values())) != 1:
+        detail = ", ".join(f"{c} {n}" for c, n in counts.items())
+        raise AlignmentError(f"{s.path}: cameras have different frame counts ({detail})", path=s.path)
+    n_frames = next(iter(counts.values()))
+    ts, warnings = frame_timesteps(s, n_frames)
+    layout = plan_layout(sizes, max_width=max_width)
+    panel = render_cursor_panel(s, state_panels(s), action_panels(s), layout.width, layout.panel_height)
+    frame = np.zeros((layout.height, layout.width, 3), dtype=np.uint8)
+    panel_view = frame[layout.cam_height :]
+    readers = [read_video_frames(p) for p in s.videos.values()]
+    cams = list(s.videos)
+    written = 0
+    try:
+        with VideoWriter(out_path, layout.width, layout.height, fps=fps) as writer:
+            for j in range(n_frames):
+                for i, it in enumerate(readers):
+                    try:
+                        img = next(it)
+                    except StopIteration:
+                        raise AlignmentError(
+                            f"{s.videos[cams[i]]}: ended after {j} frames, {n_frames} expected",
+                            path=s.path,
+                        ) from None
+                    x, w = layout.cams[i]
+                    if img.shape[0] != layout.cam_height or img.shape[1] != w:
+                        img = np.asarray(
+                            Image.fromarray(img).resize((w, layout.cam_height), Image.BILINEAR, reducing_gap=2.0)
+                        )
+                    frame[: layout.cam_height, x : x + w] = img
+                panel.draw_cursor(panel_view, ts[j])
+                writer.write(frame)
+                written += 1
+    except GenmanipError as exc:
+        if isinstance(exc, EpisodeDataError):
+            raise
+        raise EpisodeDataError(f"{s.path}: video: {exc}", path=s.path) from exc
+    finally:
+        for it in readers:
+            _close(it)
+    return written, warnings

@@ -1,0 +1,216 @@
+"""Public plotting entry points: :func:`plot_episode` and :func:`plot_episodes`."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from genmanip_protocol.errors import GenmanipError
+
+from .__about__ import __version__
+from .episode import load_series
+from .errors import EpisodeDataError
+from .panels import action_panels, state_panels
+from .render import render_static_plot
+
+__all__ = [
+    "ACTION_PLOT",
+    "MERGED_VIDEO",
+    "PLOT_LOG",
+    "PLOT_OUTPUTS",
+    "STATE_PLOT",
+    "EpisodeOutcome",
+    "PlotResult",
+    "plot_episode",
+    "plot_episodes",
+]
+
+ACTION_PLOT = "action_plot.png"
+STATE_PLOT = "state_plot.png"
+MERGED_VIDEO = "merged_with_plot.mp4"
+PLOT_LOG = "plot.log"
+#: Every file ``gmp plot`` writes into an output directory (``gmp clean --plots`` removes them).
+PLOT_OUTPUTS = (ACTION_PLOT, STATE_PLOT, MERGED_VIDEO, PLOT_LOG)
+#: First line of every plot.log this package writes: how ``gmp clean`` recognises its outputs.
+PLOT_LOG_SIGNATURE = "# genmanip-artifacts plot log"
+
+
+@dataclass(frozen=True)
+class PlotResult:
+    """What :func:`plot_episode` produced.
+
+    Attributes:
+        episode_dir: the episode that was plotted.
+        out_dir: where the outputs went.
+        action_plot, state_plot: the PNGs.
+        video: the overlay mp4, or None when not requested / no camera videos.
+        steps: executed actions plotted; frames: video frames written (0 without video).
+        warnings: non-fatal findings, one line each (also written to plot.log).
+        seconds: wall time.
+    """
+
+    episode_dir: Path
+    out_dir: Path
+    action_plot: Path
+    state_plot: Path
+    video: Path | None
+    steps: int
+    frames: int
+    warnings: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    from genmanip_protocol.atomic import atomic_write_bytes
+
+    atomic_write_bytes(path, data)
+
+
+def _write_log(out_dir: Path, episode_dir: Path, written: list[str], warnings: list[str],
+               seconds: float) -> None:
+    now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    lines = [
+        PLOT_LOG_SIGNATURE,
+        f"version: {__version__}",
+        f"time: {now}",
+        f"episode: {episode_dir}",
+        f"seconds: {seconds:.2f}",
+        *(f"output: {name}" for name in written),
+        *(f"warning: {w}" for w in warnings),
+    ]
+    _write_atomic(out_dir / PLOT_LOG, ("\n".join(lines) + "\n").encode("utf-8"))
+
+
+def plot_episode(ep_dir: Path | str, out: Path | str | None = None, video: bool = True) -> PlotResult:
+    """Plot one episode: ``action_plot.png``, ``state_plot.png`` and ``merged_with_plot.mp4``.
+
+    Args:
+        ep_dir: an episode directory of either layout (``steps.jsonl`` or ``meta_record.pkl``).
+        out: output directory (created); default: ``ep_dir`` itself.
+        video: also write the overlay video (needs the camera mp4s; skipped with a warning when the
+            episode has none).
+
+    Every file is written atomically; a failed video leaves no partial mp4 behind.
+
+    Raises:
+        EpisodeDataError: missing or corrupt inputs (one-line message naming the file and field);
+            its subclass AlignmentError when video frames and steps do not line up.
+    """
+    t0 = time.perf_counter()
+    ep_dir = Path(ep_dir)
+    series = load_series(ep_dir)
+    out_dir = Path(out) if out is not None else ep_dir
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise EpisodeDataError(f"{out_dir}: cannot create output directory ({exc.strerror})", path=ep_dir) from exc
+    warnings = list(series.warnings)
+    written: list[str] = []
+    try:
+        _write_atomic(out_dir / STATE_PLOT, render_static_plot(series, state_panels(series), "state"))
+        written.append(STATE_PLOT)
+        _write_atomic(out_dir / ACTION_PLOT, render_static_plot(series, action_panels(series), "action"))
+        written.append(ACTION_PLOT)
+    except OSError as exc:
+        raise EpisodeDataError(f"{out_dir}: cannot write plots ({exc.strerror})", path=ep_dir) from exc
+    video_path: Path | None = None
+    frames = 0
+    if video:
+        if series.videos:
+            from .overlay import write_overlay_video
+
+            video_path = out_dir / MERGED_VIDEO
+            frames, vw = write_overlay_video(series, video_path)
+            warnings += vw
+            written.append(MERGED_VIDEO)
+        else:
+            warnings.append(f"no camera videos in {ep_dir}: {MERGED_VIDEO} not written")
+    seconds = time.perf_counter() - t0
+    try:
+        _write_log(out_dir, ep_dir, written, warnings, seconds)
+    except (OSError, GenmanipError) as exc:
+        warnings.append(f"{PLOT_LOG} not written: {exc}")
+    return PlotResult(
+        episode_dir=ep_dir,
+        out_dir=out_dir,
+        action_plot=out_dir / ACTION_PLOT,
+        state_plot=out_dir / STATE_PLOT,
+        video=video_path,
+        steps=series.n_steps,
+        frames=frames,
+        warnings=warnings,
+        seconds=seconds,
+    )
+
+
+@dataclass(frozen=True)
+class EpisodeOutcome:
+    """One episode of a batch: its result, or the one-line error that stopped it."""
+
+    episode_dir: Path
+    result: PlotResult | None
+    error: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def _plot_one(ep_dir: Path, out: Path | None, video: bool) -> EpisodeOutcome:
+    try:
+        return EpisodeOutcome(ep_dir, plot_episode(ep_dir, out, video), None)
+    except GenmanipError as exc:
+        return EpisodeOutcome(ep_dir, None, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    except OSError as exc:
+        return EpisodeOutcome(ep_dir, None, f"{ep_dir}: {exc}")
+
+
+def plot_episodes(
+    jobs: Sequence[tuple[Path, Path | None]],
+    *,
+    video: bool = True,
+    workers: int = 1,
+    on_done: Callable[[EpisodeOutcome], None] | None = None,
+) -> list[EpisodeOutcome]:
+    """Plot many episodes; ``jobs`` = [(episode dir, output dir or None), ...].
+
+    With ``workers > 1`` episodes run in a process pool (spawned processes: no state inherited from
+    the caller). A failing episode never stops the others; ``on_done`` is called in the calling
+    process as each one finishes (completion order). Returns the outcomes in ``jobs`` order.
+    """
+    outcomes: dict[int, EpisodeOutcome] = {}
+    if workers <= 1 or len(jobs) <= 1:
+        for i, (ep, out) in enumerate(jobs):
+            outcomes[i] = _plot_one(ep, out, video)
+            if on_done is not None:
+                on_done(outcomes[i])
+    else:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx) as pool:
+            futures = {pool.submit(_plot_one, ep, out, video): i for i, (ep, out) in enumerate(jobs)}
+            for fut in as_completed(futures):
+                i = futures[fut]
+                try:
+                    outcome = fut.result()
+                except Exception as exc:  # noqa: BLE001 - a crashed worker is one failed episode
+                    outcome = EpisodeOutcome(jobs[i][0], None, f"{jobs[i][0]}: worker failed: {exc!r}")
+                outcomes[i] = outcome
+                if on_done is not None:
+                    on_done(outcome)
+    return [outcomes[i] for i in range(len(jobs))]
+
+
+def _iter_dirs(paths: Sequence[Path]) -> Iterator[Path]:
+    seen: set[str] = set()
+    for p in paths:
+        key = os.path.realpath(p)
+        if key not in seen:
+            seen.add(key)
+            yield p

@@ -1,0 +1,296 @@
+"""Handlers of ``gmp eval``, ``gmp submit`` and ``gmp status`` (the parser is in the meta package).
+
+Data goes to stdout (the per-task table, ``--json``, the run id of ``submit``); talk, progress and
+the results path go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from genmanip_protocol.console import Console, table
+from genmanip_protocol.errors import ExitCode, GenmanipError
+from genmanip_protocol.robots import resolve_robot
+from genmanip_protocol.schema import ServerStatus, parse_status
+from genmanip_protocol.stats import wilson_interval
+from genmanip_protocol.transport import build_base_url
+
+from .client import EvalClient
+from .errors import GenmanipEvalError
+from .policy import parse_policy_args
+from .runner import EvalConfig, RunSummary, run_eval as _run_eval
+
+__all__ = ["per_task_rows", "run_eval", "status", "submit"]
+
+
+class JobRefused(GenmanipEvalError):
+    """``gmp submit`` would disturb a job: exit 1 like the reference client."""
+
+    exit_code = ExitCode.FAILURE
+
+
+def _url(args: argparse.Namespace) -> str:
+    return build_base_url(getattr(args, "url", None), getattr(args, "host", None) or "127.0.0.1",
+                          getattr(args, "port", None) or 8087)
+
+
+def _worker_ids(value: Any) -> list[str]:
+    if isinstance(value, (list, tuple)):
+        items = [str(v).strip() for v in value]
+    else:
+        items = [s.strip() for s in str(value or "0").split(",")]
+    return [s for s in items if s]
+
+
+def per_task_rows(episodes: Sequence[Mapping[str, Any]]) -> list[list[Any]]:
+    """Rows ``[task, n, SR, CI95, mean score]`` (sorted by task) plus a final ``all`` row."""
+    by_task: dict[str, list[Mapping[str, Any]]] = {}
+    for ep in episodes:
+        by_task.setdefault(str(ep["task_name"]), []).append(ep)
+
+    def row(name: str, eps: Sequence[Mapping[str, Any]]) -> list[Any]:
+        n = len(eps)
+        k = sum(1 for e in eps if e["success"])
+        lo, hi = wilson_interval(k, n)
+        mean = sum(float(e["score"]) for e in eps) / n if n else None
+        return [name, n, k / n if n else None, f"[{lo:.2f}, {hi:.2f}]", mean]
+
+    rows = [row(t, by_task[t]) for t in sorted(by_task)]
+    if len(by_task) != 1:
+        rows.append(row("all", list(episodes)))
+    return rows
+
+
+def _live_fields(state: dict[str, Any]) -> dict[str, Any]:
+    n = state["episodes"]
+    k = state["successes"]
+    lo, hi = wilson_interval(k, n)
+    fields: dict[str, Any] = {}
+    if n:
+        fields["SR"] = f"{k / n:.2f} [{lo:.2f},{hi:.2f}]"
+    el = max(1e-9, time.perf_counter() - state["t0"])
+    fields["steps/s"] = round(state["steps"] / el, 1)
+    lat = state["lat"]
+    if lat["n"]:
+        parts = [f"net {lat['network'] / lat['n']:.1f}"]
+        if lat["server_n"]:
+            parts.append(f"srv {lat['server'] / lat['server_n']:.1f}")
+        if lat["policy_n"]:
+            parts.append(f"pol {lat['policy'] / lat['policy_n']:.1f}")
+        fields["ms"] = "/".join(parts)
+    return fields
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    """``gmp eval``: evaluate a policy, record the episodes, print per-task results."""
+    console = Console.from_args(args)
+    robot = getattr(args, "robot", None)
+    if robot is None and getattr(args, "arm_type", None):
+        robot = resolve_robot(args.arm_type, getattr(args, "gripper_type", None)).robot_id
+    if getattr(args, "control_type", None):
+        console.warn("--control-type has no effect: the policy chooses each action's control_type")
+    if getattr(args, "plot_on_episode_end", False):
+        console.warn("--plot-on-episode-end: run 'gmp plot --run <run dir>' after the run instead")
+    chunk = getattr(args, "chunk_size", None)
+    cfg = EvalConfig(
+        url=_url(args),
+        token=getattr(args, "token", None),
+        run_id=getattr(args, "run_id", None) or None,
+        worker_ids=_worker_ids(getattr(args, "worker_ids", "0")),
+        processes=max(1, int(getattr(args, "processes", 1) or 1)),
+        policy=getattr(args, "policy", None) or "zero",
+        policy_args=parse_policy_args(getattr(args, "policy_arg", None)),
+        chunk_size=chunk if chunk and chunk > 1 else None,
+        step_chunk=bool(getattr(args, "step_chunk", False)),
+        render_mode=getattr(args, "render_mode", None),
+        subframes=getattr(args, "subframes", None),
+        codec=getattr(args, "codec", None) or "auto",
+        frames=getattr(args, "frames", None) or "auto",
+        robot=robot,
+        record=bool(getattr(args, "record", True)),
+        results_dir=getattr(args, "results_dir", None),
+        live_every=int(getattr(args, "live_every", 0) or 0),
+        max_episodes=getattr(args, "max_episodes", None),
+    )
+    if not cfg.worker_ids:
+        raise GenmanipEvalError("--worker-ids: no worker id given")
+    summary = evaluate(cfg, console)
+    return 0 if summary.complete or cfg.max_episodes is not None else int(ExitCode.FAILURE)
+
+
+def evaluate(cfg: EvalConfig, console: Console, *, label: str = "eval") -> RunSummary:
+    """Run ``cfg`` with a live progress line; print the per-task table and the results path.
+
+    Shared by ``gmp eval``, ``gmp demo`` and ``gmp online run``.
+    """
+    total: int | None = None
+    try:
+        with EvalClient(cfg.url, cfg.worker_ids, cfg.run_id, cfg.token, kill_on_close=False,
+                        ca_file=cfg.ca_file) as probe:
+            total = probe.status().get("total_episodes") or None
+            if cfg.max_episodes is not None:
+                total = min(total, cfg.max_episodes) if total else cfg.max_episodes
+    except GenmanipError as exc:
+        console.debug(f"GET /status failed ({exc}); no episode total")
+    state: dict[str, Any] = {
+        "episodes": 0,
+        "successes": 0,
+        "steps": 0,
+        "t0": time.perf_counter(),
+        "lat": {"n": 0, "network": 0.0, "server": 0.0, "server_n": 0, "policy": 0.0, "policy_n": 0},
+        "run_dirs": [],
+    }
+    with console.progress(total, label) as progress:
+
+        def emit(kind: str, payload: dict[str, Any]) -> None:
+            if kind == "steps":
+                state["steps"] += payload["n"]
+                lat = state["lat"]
+                if payload.get("network_ms") is not None:
+                    lat["n"] += 1
+                    lat["network"] += payload["network_ms"]
+                if payload.get("server_ms") is not None:
+                    lat["server_n"] += 1
+                    lat["server"] += payload["server_ms"]
+                if payload.get("policy_ms") is not None:
+                    lat["policy_n"] += 1
+                    lat["policy"] += payload["policy_ms"]
+                progress.set(**_live_fields(state))
+            elif kind == "episode":
+                state["episodes"] += 1
+                state["successes"] += 1 if payload["success"] else 0
+                progress.update(1, **_live_fields(state))
+                if not progress.live:
+                    mark = "success" if payload["success"] else "failure"
+                    console.info(
+                        f"episode {state['episodes']}{'/' + str(total) if total else ''}: "
+                        f"{payload['task_name']} seed {payload['seed']}: {mark} "
+                        f"(score {float(payload['score']):.2f}, worker {payload['worker_id']})"
+                    )
+            elif kind == "lock_lost":
+                console.warn(
+                    f"worker {payload.get('worker_id')}: the server lost the episode lock; "
+                    "the episode was aborted and re-queued"
+                )
+            elif kind == "connected":
+                console.debug(f"connected: codec={payload['codec']} frames={payload['frames']}")
+            elif kind == "run_dir":
+                if payload["path"] not in state["run_dirs"]:
+                    state["run_dirs"].append(payload["path"])
+
+        summary = _run_eval(cfg, emit=emit)
+    elapsed = summary.elapsed_s or 1e-9
+    console.info(
+        f"{label}: {len(summary.episodes)} episodes, {summary.steps} steps in {elapsed:.1f} s "
+        f"({summary.steps / elapsed:.1f} steps/s)"
+        + (f", {summary.lock_lost} lock losses" if summary.lock_lost else "")
+    )
+    if summary.episodes:
+        rows = per_task_rows(summary.episodes)
+        print(table(rows, ["task", "n", "SR", "SR 95% CI", "mean score"]), end="", flush=True)
+    for d in summary.run_dirs or state["run_dirs"]:
+        console.info(f"results: {d}")
+    if not summary.complete and cfg.max_episodes is None:
+        console.warn("the server's job is not complete (stopped early)")
+    return summary
+
+
+def submit(args: argparse.Namespace) -> int:
+    """``gmp submit CONFIG...``: start a job, status-aware like the reference client."""
+    console = Console.from_args(args)
+    configs = [str(c) for c in args.configs]
+    run_id = getattr(args, "run_id", None) or None
+    with EvalClient(_url(args), ["0"], None, getattr(args, "token", None), kill_on_close=False) as client:
+        st = parse_status({"data": client.status()})
+        if st.status == "running" and st.active_workers:
+            raise JobRefused(
+                f"the server is running run {st.run_id!r} with active workers "
+                f"{', '.join(st.active_workers)}; not starting a new job (it would kill them)",
+                hint="wait for it (gmp status --watch), or stop its clients first",
+            )
+        if st.status == "complete" and run_id is not None and run_id == st.run_id:
+            console.success(f"run {run_id} is already complete; nothing to do")
+            print(run_id)
+            return int(ExitCode.OK)
+        if st.status == "incomplete" and st.run_id and run_id is None:
+            raise JobRefused(
+                f"the server's run {st.run_id!r} is incomplete "
+                f"({st.completed_episodes}/{st.total_episodes} episodes done)",
+                hint=f"resume it with: gmp submit {' '.join(configs)} --run-id {st.run_id}  "
+                "(or pass a new --run-id to start another run)",
+            )
+        if run_id is None:
+            run_id = datetime.now().strftime("%Y-%m-%d_%H_%M_%S_%f")
+        resuming = st.run_id == run_id and st.status == "incomplete"
+        payload = client._json_call(  # noqa: SLF001 - the one JSON call path of the client
+            "/start_new_job",
+            {"data": {"config_path": configs, "run_id": run_id}},
+            timeout_key="start_new_job",
+            retry=False,
+        )
+    if not (isinstance(payload, dict) and isinstance(payload.get("data"), dict) and payload["data"].get("success")):
+        raise GenmanipEvalError(f"/start_new_job did not confirm success: {json.dumps(payload)[:200]}")
+    console.success(("resumed" if resuming else "started") + f" run {run_id}: {', '.join(configs)}")
+    print(run_id)
+    return int(ExitCode.OK)
+
+
+def _status_text(st: ServerStatus, console: Console) -> str:
+    lines = [
+        f"status:      {st.status}",
+        f"benchmark:   {st.benchmark_id or '-'}",
+        f"run id:      {st.run_id or '-'}",
+    ]
+    prog = st.progress
+    bar = ""
+    if prog is not None:
+        width = 30
+        filled = int(round(prog * width))
+        bar = "[" + "#" * filled + "." * (width - filled) + f"] {100 * prog:.0f}%"
+    lines.append(f"episodes:    {st.completed_episodes}/{st.total_episodes} done, "
+                 f"{st.in_progress_episodes} in progress  {bar}".rstrip())
+    lines.append(f"workers:     {', '.join(st.active_workers) or '-'}")
+    text = "\n".join(lines) + "\n"
+    if st.mean_scores:
+        rows = [[task, score] for task, score in sorted(st.mean_scores.items())]
+        text += "\n" + table(rows, ["task", "mean score"])
+        text += "(the server reports mean scores per task; partial credit counts, so this is not a success rate)\n"
+    return text
+
+
+def status(args: argparse.Namespace) -> int:
+    """``gmp status``: the server's job status and per-task mean scores."""
+    console = Console.from_args(args)
+    want_run = getattr(args, "run_id", None)
+    interval = max(0.2, float(getattr(args, "interval", 2.0) or 2.0))
+    with EvalClient(_url(args), ["0"], None, getattr(args, "token", None), kill_on_close=False) as client:
+        last = None
+        while True:
+            data = client.status(refresh=True)
+            st = parse_status({"data": data})
+            if want_run and st.run_id != want_run:
+                console.warn(f"the server's current run is {st.run_id!r}, not {want_run!r}")
+            if getattr(args, "json", False):
+                out = json.dumps(data, sort_keys=True)
+                if out != last:
+                    print(out, flush=True)
+                last = out
+            else:
+                text = _status_text(st, console)
+                if text != last:
+                    if last is not None and console.is_tty:
+                        print("", flush=True)
+                    print(text, end="", flush=True)
+                last = text
+            # A fresh job reads "idle" too: only stop watching an idle server with no tasks.
+            if not getattr(args, "watch", False) or st.complete or (
+                st.status == "idle" and st.total_episodes == 0
+            ):
+                break
+            time.sleep(interval)
+    return int(ExitCode.OK)

@@ -1,0 +1,1045 @@
+"""`EvalClient`: drive GenManip evaluation workers over HTTP without losing an action or an observation.
+
+Compatible with the reference client's documented use::
+
+    client = EvalClient(base_url="http://127.0.0.1:8087", worker_ids=["0"], run_id="myrun")
+    obs = client.reset()                 # {"0": {"obs": {...}, "metric": ..., "episode_result": ...}}
+    while True:
+        obs, done = client.step({"0": action_dict})   # or a list of action dicts (a chunk)
+        if done:
+            break
+    client.close()
+
+What it does differently (see docs/eval.md):
+
+* ``reset()`` kills its own worker ids first, then ``/reset``, then polls ``/reset_result`` until
+  every worker has its real first observation, so the first action of a job is never dropped.
+* ``step()`` polls ``/reset_result`` whenever an episode ends, so it always returns real
+  observations; ``obs["reset"]`` is True on each episode's first one and the finished episode's
+  result is in ``entry["episode_result"]`` and in :attr:`EvalClient.episode_results`.
+* Chunks go through ``/step_chunk`` per worker (in parallel threads), so a finished or resetting
+  worker never cuts another worker's chunk short.
+* Every action is validated against the robot spec before it is sent; a failed ``/step`` is never
+  replayed and raises :class:`~genmanip_eval.errors.StepError` saying whether it may have run.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+from genmanip_protocol.codec import get_codec
+from genmanip_protocol.errors import (
+    ConnectError,
+    DecodeError,
+    GenmanipError,
+    HTTPStatusError,
+    RequestTimeout,
+    ResponseError,
+    TransportError,
+    ValidationError,
+    Violation,
+)
+from genmanip_protocol.retry import Backoff, retry_call
+from genmanip_protocol.robots import RobotSpec, get_robot
+from genmanip_protocol.schema import (
+    EpisodeResult,
+    WorkerEntry,
+    parse_chunk_response,
+    parse_step_response,
+    validate_action,
+)
+from genmanip_protocol.transport import HttpTransport, build_base_url, is_loopback_host
+
+from .actions import normalize_step_input
+from .errors import GenmanipEvalError, ResetTimeout, StepError, StepTimeout
+
+__all__ = ["DEFAULT_TIMEOUTS", "DEFAULT_URL", "EvalClient", "StepListener", "StepTiming"]
+
+log = logging.getLogger("genmanip_eval.client")
+
+DEFAULT_URL = "http://127.0.0.1:8087"
+#: Environment variable holding the server token (after ``token=``/``--token``).
+TOKEN_ENV = "GMP_TOKEN"
+
+#: Per-call time limits in seconds (the real server's limits, facts §1.2). ``step_chunk`` is per
+#: action of the chunk. ``reset_deadline`` bounds the whole polling loop.
+DEFAULT_TIMEOUTS: Mapping[str, float] = {
+    "step": 600.0,
+    "step_chunk": 600.0,
+    "reset": 600.0,
+    "reset_result": 600.0,
+    "reset_deadline": 600.0,
+    "kill": 120.0,
+    "create_workers": 600.0,
+    "start_new_job": 60.0,
+    "status": 30.0,
+    "docs": 5.0,
+    "protocol": 5.0,
+}
+
+_REFERENCE_IGNORED = frozenset(
+    {
+        "save_result",
+        "web_view",
+        "web_view_port",
+        "web_view_interval",
+        "web_view_scale",
+        "frame_save_interval",
+        "plot_on_episode_end",
+        "chunk_size",
+        "control_type",
+    }
+)
+
+
+@dataclass
+class StepTiming:
+    """Latency of the last request for one worker, in milliseconds.
+
+    ``server_ms`` comes from the ``X-Genmanip-Server-Ms`` header (the testbed sends it, the real
+    server does not: then it and ``network_ms`` are None). ``poll_ms`` is time spent polling
+    ``/reset_result`` after an episode ended; ``policy_ms`` is filled in by the runner.
+    """
+
+    total_ms: float = 0.0
+    server_ms: float | None = None
+    network_ms: float | None = None
+    poll_ms: float = 0.0
+    policy_ms: float | None = None
+
+    def as_row(self) -> dict[str, float | None]:
+        """The ``latency_ms`` object of a ``steps.jsonl`` row."""
+        net = self.network_ms if self.network_ms is not None else self.total_ms
+        return {
+            "network": round(net, 3),
+            "server": None if self.server_ms is None else round(self.server_ms, 3),
+            "policy": None if self.policy_ms is None else round(self.policy_ms, 3),
+        }
+
+
+class StepListener(Protocol):
+    """What the client tells a recorder, in order, on the thread that calls ``reset``/``step``."""
+
+    def executed(
+        self,
+        worker_id: str,
+        actions: list[dict[str, Any]],
+        *,
+        obs_timesteps: list[int | None],
+        chunk: list[dict[str, int] | None],
+        latency: dict[str, float | None] | None,
+    ) -> None: ...
+
+    def episode_end(
+        self, worker_id: str, result: EpisodeResult | None, *, lock_lost: bool
+    ) -> None: ...
+
+    def observation(self, worker_id: str, obs: Any) -> None: ...
+
+    def worker_finished(self, worker_id: str, metric: Any) -> None: ...
+
+
+@dataclass
+class _WorkerState:
+    obs: Any = None
+    metric: Any = None
+    episode_result: dict[str, Any] | None = None
+    lock_lost: bool = False
+    finished: bool = False
+    executed_steps: int = 0
+    robot: RobotSpec | None = None
+    timing: StepTiming = field(default_factory=StepTiming)
+
+
+def _header(headers: Any, name: str) -> str | None:
+    if headers is None:
+        return None
+    getter = getattr(headers, "get", None)
+    if getter is None:
+        return None
+    val = getter(name)
+    if val is None:
+        val = getter(name.lower())
+    return None if val is None else str(val)
+
+
+def _server_ms(resp: Any) -> float | None:
+    raw = _header(getattr(resp, "headers", None), "X-Genmanip-Server-Ms")
+    if raw is None:
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        return None
+
+
+class EvalClient:
+    """Drive one or more GenManip evaluation workers.
+
+    Args:
+        base_url: server URL, e.g. ``http://127.0.0.1:8087`` (default). ``host``/``port`` build it
+            when ``base_url`` is not given.
+        worker_ids: worker ids this client drives (strings; ints and a comma string accepted).
+        run_id: sent as the ``run_id`` header and query parameter on every call (online service).
+        token: bearer token; else ``GMP_TOKEN``, else the config file's ``[eval] token``. Never
+            printed or logged.
+        codec: ``"auto"`` (ask ``GET /protocol`` once: msgpack when offered, else legacy pickle),
+            ``"msgpack"`` or ``"legacy"``.
+        frames: camera frames on the msgpack wire: ``"auto"`` (raw on loopback, JPEG otherwise),
+            ``"raw"`` or ``"jpeg"``. The legacy wire is always JPEG.
+        robot: robot id for validation; default: ``obs["robot_id"]`` of each worker.
+        validate: validate every action before sending it (default True).
+        timeouts: overrides of :data:`DEFAULT_TIMEOUTS` (seconds).
+        render_mode, subframes, render_suffix: ``/step_chunk`` query parameters (server defaults
+            when None).
+        kill_on_start: ``/kill`` own worker ids before ``/reset`` (the correct order; default True).
+        kill_on_close: ``/kill`` own worker ids in :meth:`close` unless every worker finished.
+        on_event: ``callback(name, payload)`` for ``"episode_finished"``, ``"lock_lost"`` and
+            ``"worker_finished"``.
+        listener: a :class:`StepListener` (the recorder).
+        record: record episodes (steps, videos, results) under ``results_dir`` (or
+            ``GENMANIP_RESULT_DIR`` / ``./client_results``). Off by default for the Python API.
+        parallel_chunks: send per-worker chunks from parallel threads (default True).
+        poll_initial, poll_max: first and largest delay between ``/reset_result`` polls (s).
+        ca_file: CA bundle for ``https://`` servers (verification is always on).
+    """
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        worker_ids: Iterable[str | int] | str | int = ("0",),
+        run_id: str | None = None,
+        token: str | None = None,
+        *,
+        host: str | None = None,
+        port: int | None = None,
+        codec: str = "auto",
+        frames: str = "auto",
+        robot: str | RobotSpec | None = None,
+        validate: bool = True,
+        timeouts: Mapping[str, float] | None = None,
+        render_mode: str | None = None,
+        subframes: int | None = None,
+        render_suffix: int | None = None,
+        kill_on_start: bool = True,
+        kill_on_close: bool = True,
+        on_event: Callable[[str, dict[str, Any]], None] | None = None,
+        listener: StepListener | None = None,
+        record: bool = False,
+        results_dir: str | None = None,
+        parallel_chunks: bool = True,
+        poll_initial: float = 0.01,
+        poll_max: float = 0.5,
+        ca_file: str | None = None,
+        save_process: bool | None = None,
+        robot_id: str | None = None,
+        **reference_options: Any,
+    ) -> None:
+        unknown = set(reference_options) - _REFERENCE_IGNORED
+        if unknown:
+            raise TypeError(f"EvalClient got unexpected keyword argument(s): {sorted(unknown)}")
+        if reference_options:
+            log.warning(
+                "EvalClient: reference-client option(s) %s have no effect here (see docs/eval.md)",
+                ", ".join(sorted(reference_options)),
+            )
+        if base_url is None:
+            base_url = build_base_url(None, host, port or 8087) if host else DEFAULT_URL
+        self.base_url = base_url.rstrip("/")
+        parts = urlsplit(self.base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValidationError(
+                _violation("base_url", "an http:// or https:// URL with a host", repr(base_url))
+            )
+        self._loopback = is_loopback_host(parts.hostname)
+        self.worker_ids: list[str] = _parse_worker_ids(worker_ids)
+        self.run_id = run_id or None
+        self._token = _resolve_token(token)
+        if codec not in ("auto", "msgpack", "legacy"):
+            raise ValidationError(_violation("codec", "auto, msgpack or legacy", repr(codec)))
+        if frames not in ("auto", "raw", "jpeg"):
+            raise ValidationError(_violation("frames", "auto, raw or jpeg", repr(frames)))
+        self._codec_choice = codec
+        self._frames_choice = frames
+        robot = robot if robot is not None else robot_id
+        self._robot: RobotSpec | None = get_robot(robot) if robot is not None else None
+        self.validate = validate
+        self.timeouts: dict[str, float] = dict(DEFAULT_TIMEOUTS)
+        if timeouts:
+            bad = set(timeouts) - set(DEFAULT_TIMEOUTS)
+            if bad:
+                raise ValidationError(
+                    _violation("timeouts", f"keys among {sorted(DEFAULT_TIMEOUTS)}", repr(sorted(bad)))
+                )
+            self.timeouts.update({k: float(v) for k, v in timeouts.items()})
+        if render_mode is not None and render_mode not in ("lite", "always"):
+            raise ValidationError(_violation("render_mode", "lite or always", repr(render_mode)))
+        self.render_mode = render_mode
+        self.subframes = subframes
+        self.render_suffix = render_suffix
+        self.kill_on_start = kill_on_start
+        self.kill_on_close = kill_on_close
+        self._on_event = on_event
+        self._poll_initial = poll_initial
+        self._poll_max = poll_max
+        self._ca_file = ca_file
+        self._parallel_chunks = parallel_chunks
+
+        if save_process is not None:
+            record = bool(save_process)
+        self._owns_listener = False
+        if listener is None and record:
+            from .recording import Recorder, resolve_results_root
+
+            listener = Recorder(resolve_results_root(results_dir), manifest={"server_url": self.base_url})
+            self._owns_listener = True
+        self._listener = listener
+
+        self._codec: Any = None
+        self.codec_name: str | None = None
+        self.frames: str | None = None
+        self.server_info: dict[str, Any] | None = None
+        self._http: HttpTransport | None = None
+        self._worker_http: dict[str, HttpTransport] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+        self._state: dict[str, _WorkerState] = {w: _WorkerState() for w in self.worker_ids}
+        self._started = False
+        self._closed = False
+
+        #: Every finished episode's result, in arrival order.
+        self.episode_results: list[EpisodeResult] = []
+        #: How many times the server reported ``lock_lost`` (the episode was aborted and re-queued).
+        self.lock_lost_count = 0
+        #: Counters: requests per route, executed steps per worker, episodes.
+        self.stats: dict[str, Any] = {"requests": {}, "executed_steps": {}, "episodes": 0}
+
+    # ------------------------------------------------------------------ plumbing
+
+    def __repr__(self) -> str:  # never shows the token
+        return f"EvalClient(base_url={self.base_url!r}, worker_ids={self.worker_ids!r}, run_id={self.run_id!r})"
+
+    def __enter__(self) -> EvalClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _headers(self) -> dict[str, str]:
+        h: dict[str, str] = {}
+        if self.run_id:
+            h["run_id"] = self.run_id
+        if self.codec_name == "msgpack" and self.frames:
+            h["X-Genmanip-Frames"] = self.frames
+        return h
+
+    def _query(self, extra: Mapping[str, Any] | None = None) -> dict[str, str] | None:
+        q: dict[str, str] = {}
+        if self.run_id:
+            q["run_id"] = self.run_id
+        if extra:
+            q.update({k: str(v) for k, v in extra.items() if v is not None})
+        return q or None
+
+    def _new_transport(self) -> HttpTransport:
+        return HttpTransport(self.base_url, token=self._token, ca_file=self._ca_file)
+
+    @property
+    def http(self) -> HttpTransport:
+        """The main keep-alive connection (created on first use)."""
+        if self._http is None:
+            self._http = self._new_transport()
+        return self._http
+
+    def _transport_for(self, wid: str) -> HttpTransport:
+        t = self._worker_http.get(wid)
+        if t is None:
+            t = self._worker_http[wid] = self._new_transport()
+        return t
+
+    def _count(self, route: str) -> None:
+        reqs = self.stats["requests"]
+        with self._lock:
+            reqs[route] = reqs.get(route, 0) + 1
+
+    def _json_call(
+        self, route: str, payload: Any, *, method: str = "POST", timeout_key: str, retry: bool
+    ) -> Any:
+        import json
+
+        def call() -> Any:
+            self._count(route)
+            headers = self._headers()
+            body = None if method == "GET" else json.dumps(payload).encode()
+            return self.http.request(
+                method,
+                route,
+                body=body,
+                content_type=None if body is None else "application/json",
+                query=self._query(payload if method == "GET" else None),
+                headers=headers,
+                timeout=self.timeouts[timeout_key],
+                route_name=route,
+                idempotent=retry,
+            )
+
+        resp = self._retry(call) if retry else call()
+        return resp.json()
+
+    def _retry(self, fn: Callable[[], Any], *, deadline: float = 30.0) -> Any:
+        def retryable(exc: BaseException) -> bool:
+            if isinstance(exc, ConnectError):
+                return True
+            if isinstance(exc, HTTPStatusError):
+                return exc.status in (502, 503)
+            return isinstance(exc, TransportError) and not exc.maybe_executed
+
+        return retry_call(
+            fn,
+            retry_on=retryable,
+            backoff=Backoff(initial=0.2, factor=2.0, max_delay=2.0, jitter=0.2, deadline=deadline),
+        )
+
+    def _wire_call(
+        self,
+        http: HttpTransport,
+        route: str,
+        obj: Any,
+        *,
+        timeout: float,
+        query: Mapping[str, Any] | None = None,
+        idempotent: bool = False,
+    ) -> tuple[Any, Any]:
+        """POST a wire-encoded body; return (decoded reply, response)."""
+        codec = self._codec
+        body = codec.encode(obj, tag_arrays=False) if self.codec_name == "legacy" else codec.encode(obj)
+        self._count(route)
+        resp = http.request(
+            "POST",
+            route,
+            body=body,
+            content_type=codec.content_type,
+            query=self._query(query),
+            headers=self._headers(),
+            timeout=timeout,
+            route_name=route,
+            idempotent=idempotent,
+        )
+        return codec.decode(resp.body), resp
+
+    # ------------------------------------------------------------------ connection setup
+
+    def connect(self) -> None:
+        """Check the server is alive and pick the codec (``GET /protocol`` once). Idempotent."""
+        if self._codec is not None:
+            return
+        info: dict[str, Any] | None = None
+        if self._codec_choice == "auto":
+
+            def probe() -> Any:
+                self._count("/protocol")
+                return self.http.request(
+                    "GET",
+                    "/protocol",
+                    query=self._query(),
+                    headers=self._headers(),
+                    timeout=self.timeouts["protocol"],
+                    route_name="/protocol",
+                    idempotent=True,
+                    raise_for_status=False,
+                )
+
+            resp = self._retry(probe, deadline=self.timeouts["docs"])
+            if resp.status == 200:
+                try:
+                    info = resp.json()
+                except Exception as exc:  # noqa: BLE001 - any undecodable body is the same problem
+                    raise ResponseError(
+                        _violation("GET /protocol", "a JSON object", f"undecodable body ({exc})")
+                    ) from exc
+                if not isinstance(info, dict) or not isinstance(info.get("codecs"), list):
+                    raise ResponseError(
+                        _violation("GET /protocol.codecs", "a list of codec names", repr(info)[:80])
+                    )
+                name = "msgpack" if "msgpack" in info["codecs"] else "legacy"
+            elif resp.status == 404:
+                name = "legacy"  # the real server has no /protocol: legacy wire
+            else:
+                _raise_status(resp, "/protocol")
+        else:
+            name = self._codec_choice
+
+            def docs() -> Any:
+                self._count("/docs")
+                return self.http.request(
+                    "GET", "/docs", timeout=self.timeouts["docs"], route_name="/docs", idempotent=True
+                )
+
+            self._retry(docs, deadline=self.timeouts["docs"])
+        self.server_info = info
+        self._codec = get_codec(name)
+        self.codec_name = name
+        if name == "msgpack":
+            offered = (info or {}).get("frames") or ["raw"]
+            want = self._frames_choice
+            if want == "auto":
+                want = "raw" if self._loopback else "jpeg"
+            if want not in offered:
+                want = offered[0]
+            self.frames = want
+        else:
+            self.frames = "jpeg"
+        log.debug("connected to %s: codec=%s frames=%s", self.base_url, name, self.frames)
+
+    def kill(self, worker_ids: Iterable[str] | None = None) -> None:
+        """``POST /kill`` for the given (default: own) worker ids. Safe to repeat."""
+        ids = [str(w) for w in (worker_ids if worker_ids is not None else self.worker_ids)]
+        self._json_call(
+            "/kill", {"data": {"worker_ids": ids}}, timeout_key="kill", retry=True
+        )
+
+    def status(self, refresh: bool = False) -> dict[str, Any]:
+        """``GET /status`` (JSON ``data`` object as the server sent it)."""
+        payload = self._json_call(
+            "/status", {"refresh": "1"} if refresh else {}, method="GET", timeout_key="status", retry=True
+        )
+        if not isinstance(payload, dict) or not isinstance(payload.get("data"), dict):
+            raise ResponseError(_violation("GET /status.data", "a JSON object", repr(payload)[:80]))
+        return payload["data"]
+
+    # ------------------------------------------------------------------ reset
+
+    def reset(self) -> dict[str, dict[str, Any]]:
+        """Start (or restart) evaluation on this client's workers.
+
+        Kills the client's own worker ids (so no seed leaks), calls ``/reset`` and polls
+        ``/reset_result`` until every worker has its first observation (or has nothing left).
+
+        Returns:
+            ``{worker_id: {"obs": Observation | None, "metric": dict | None, "episode_result":
+            dict | None, "lock_lost": bool, "executed_steps": 0}}``; ``obs["reset"]`` is True.
+        """
+        self._check_open()
+        self.connect()
+        if self.kill_on_start:
+            self.kill()
+        t0 = time.perf_counter()
+        data, resp = self._wire_call(
+            self.http, "/reset", {"worker_ids": list(self.worker_ids)}, timeout=self.timeouts["reset"]
+        )
+        entries = parse_step_response(data, self.worker_ids)
+        lost = {w for w, e in entries.items() if e.lock_lost}
+        entries = self._resolve_pending(self.http, dict(entries), lost)
+        total = (time.perf_counter() - t0) * 1000
+        self._started = True
+        for wid in self.worker_ids:
+            st = self._state[wid]
+            st.timing = StepTiming(total_ms=total, server_ms=_server_ms(resp))
+            self._apply_entry(wid, entries[wid], lock_lost=wid in lost, first=True)
+        return self.entries()
+
+    def _resolve_pending(
+        self, http: HttpTransport, entries: dict[str, WorkerEntry], lost: set[str]
+    ) -> dict[str, WorkerEntry]:
+        """Poll ``/reset_result`` until no worker in ``entries`` is ``reset_pending``."""
+        pending = sorted(w for w, e in entries.items() if e.reset_pending)
+        if not pending:
+            return entries
+        deadline = self.timeouts["reset_deadline"]
+        delays = iter(
+            Backoff(initial=self._poll_initial, factor=1.5, max_delay=self._poll_max, jitter=0.2, deadline=deadline)
+        )
+        started = time.monotonic()
+        while pending:
+            try:
+                delay = next(delays)
+            except StopIteration:
+                raise ResetTimeout(
+                    f"worker(s) {', '.join(pending)} still reset_pending after {deadline:g} s "
+                    "of polling /reset_result",
+                    workers=pending,
+                    deadline=deadline,
+                ) from None
+            # The first poll waits too: a reset takes at least a few ms on any server.
+            time.sleep(min(delay, max(0.0, deadline - (time.monotonic() - started))))
+            ids = list(pending)
+
+            def poll(ids: list[str] = ids) -> Any:
+                return self._wire_call(
+                    http,
+                    "/reset_result",
+                    {"worker_ids": ids},
+                    timeout=self.timeouts["reset_result"],
+                    idempotent=False,
+                )[0]
+
+            data = retry_call(
+                poll,
+                # Only retry what was never sent: /reset_result is a destructive read.
+                retry_on=lambda e: isinstance(e, ConnectError)
+                or (isinstance(e, HTTPStatusError) and e.status == 503),
+                backoff=Backoff(initial=0.2, factor=2.0, max_delay=2.0, jitter=0.2, deadline=30.0),
+            )
+            parsed = parse_step_response(data, ids)
+            for w in ids:
+                e = parsed[w]
+                if e.lock_lost:
+                    lost.add(w)
+                entries[w] = e
+            pending = sorted(w for w in ids if parsed[w].reset_pending)
+        return entries
+
+    # ------------------------------------------------------------------ step
+
+    def step(
+        self,
+        actions: Any,
+        *,
+        meta: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> tuple[dict[str, dict[str, Any]], bool]:
+        """Apply actions and return ``(entries, done)``.
+
+        ``actions`` forms are listed in :mod:`genmanip_eval.actions`: a bare action dict (one
+        worker), ``{worker_id: action_dict}`` (one ``/step`` for all), a list of action dicts (a
+        chunk, one worker), ``{worker_id: [action_dict, ...]}`` or a time-major list of
+        ``{worker_id: action_dict}`` (per-worker ``/step_chunk`` calls, in parallel).
+
+        Actions for workers that already finished are ignored; workers left out are not stepped
+        (their last entry is returned again).
+
+        ``meta`` (used by the runner) gives per worker ``"obs_timesteps"`` and ``"chunk"`` lists
+        (one per action, for recording client-side chunk replay) and ``"policy_ms"``.
+
+        Returns:
+            ``entries`` as in :meth:`reset` for every worker of the client (``executed_steps`` is
+            the number of actions the server executed for that worker in this call), and ``done``
+            = every worker has finished (``obs is None``).
+
+        Raises:
+            ValidationError: an action does not fit the robot (nothing was sent).
+            StepError: the request failed; ``maybe_executed`` tells whether it may have run.
+        """
+        self._check_open()
+        if not self._started:
+            raise GenmanipEvalError(
+                "step() before reset(): call client.reset() first to get the first observations"
+            )
+        norm = normalize_step_input(actions, self.worker_ids)
+        per_worker: dict[str, list[dict[str, Any]]] = {}
+        for wid, acts in norm.per_worker.items():
+            st = self._state[wid]
+            if st.finished:
+                log.debug("worker %s finished: ignoring its action(s)", wid)
+                continue
+            per_worker[wid] = [self._check_action(wid, a, i) for i, a in enumerate(acts)]
+        for st in self._state.values():
+            st.executed_steps = 0
+        if per_worker:
+            if norm.chunk:
+                self._step_chunks(per_worker, meta or {})
+            else:
+                self._step_single(per_worker, meta or {})
+        return self.entries(), self.done
+
+    def _check_action(self, wid: str, action: Mapping[str, Any], index: int) -> dict[str, Any]:
+        if not self.validate:
+            return dict(action)
+        st = self._state[wid]
+        robot = self._robot or st.robot
+        ts = _timestep(st.obs)
+        step = None if ts is None else ts + index
+        if robot is None:
+            raise GenmanipEvalError(
+                f"worker {wid}: cannot validate the action: the robot is unknown "
+                "(no robot_id in the observation)",
+                hint="pass robot='manip/lift2/R5a' (or --robot) or validate=False",
+            )
+        return validate_action(robot, action, worker=wid, step=step)
+
+    def _step_single(
+        self, per_worker: dict[str, list[dict[str, Any]]], meta: Mapping[str, Mapping[str, Any]]
+    ) -> None:
+        body = {wid: acts[0] for wid, acts in per_worker.items()}
+        wids = list(body)
+        t0 = time.perf_counter()
+        try:
+            data, resp = self._wire_call(self.http, "/step", body, timeout=self.timeouts["step"])
+            entries = parse_step_response(data, wids)
+        except GenmanipError as exc:
+            raise _step_error(exc, "/step", wids, self.timeouts["step"]) from exc
+        t1 = time.perf_counter()
+        lost = {w for w, e in entries.items() if e.lock_lost}
+        entries = self._resolve_pending(self.http, dict(entries), lost)
+        t2 = time.perf_counter()
+        server = _server_ms(resp)
+        for wid in wids:
+            total = (t1 - t0) * 1000
+            timing = StepTiming(
+                total_ms=total,
+                server_ms=server,
+                network_ms=None if server is None else max(0.0, total - server),
+                poll_ms=(t2 - t1) * 1000,
+                policy_ms=_meta_policy(meta, wid),
+            )
+            self._finish_worker_step(wid, per_worker[wid], entries[wid], wid in lost, timing, meta, chunked=False)
+
+    def _one_chunk(self, wid: str, acts: list[dict[str, Any]]) -> tuple[Any, Any, int, bool, set[str], float, float]:
+        http = self._transport_for(wid) if self._parallel_chunks else self.http
+        body = [{wid: a} for a in acts]
+        q = {"render_mode": self.render_mode, "subframes": self.subframes, "render_suffix": self.render_suffix}
+        timeout = self.timeouts["step_chunk"] * max(1, len(acts))
+        t0 = time.perf_counter()
+        try:
+            data, resp = self._wire_call(http, "/step_chunk", body, timeout=timeout, query=q)
+            parsed = parse_chunk_response(data, [wid])
+        except GenmanipError as exc:
+            raise _step_error(exc, "/step_chunk", [wid], timeout) from exc
+        t1 = time.perf_counter()
+        executed = parsed.executed_steps
+        if not 0 <= executed <= len(acts):
+            raise StepError(
+                f"reply to POST /step_chunk for worker {wid}: executed_steps={executed} is outside "
+                f"0..{len(acts)}",
+                route="/step_chunk",
+                workers=[wid],
+                sent=True,
+                maybe_executed=True,
+            )
+        lost = {w for w, e in parsed.entries.items() if e.lock_lost}
+        entries = self._resolve_pending(http, dict(parsed.entries), lost)
+        t2 = time.perf_counter()
+        return entries[wid], resp, executed, parsed.stopped_early, lost, (t1 - t0) * 1000, (t2 - t1) * 1000
+
+    def _step_chunks(
+        self, per_worker: dict[str, list[dict[str, Any]]], meta: Mapping[str, Mapping[str, Any]]
+    ) -> None:
+        wids = list(per_worker)
+        results: dict[str, Any] = {}
+        errors: dict[str, BaseException] = {}
+        if len(wids) == 1 or not self._parallel_chunks:
+            for wid in wids:
+                try:
+                    results[wid] = self._one_chunk(wid, per_worker[wid])
+                except BaseException as exc:  # noqa: BLE001 - re-raised below after the others
+                    errors[wid] = exc
+                    break
+        else:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(
+                    max_workers=len(self.worker_ids), thread_name_prefix="gmp-chunk"
+                )
+            futs = {wid: self._pool.submit(self._one_chunk, wid, per_worker[wid]) for wid in wids}
+            for wid, fut in futs.items():
+                try:
+                    results[wid] = fut.result()
+                except BaseException as exc:  # noqa: BLE001
+                    errors[wid] = exc
+        # Workers whose chunk succeeded are applied (and recorded) even if another one failed.
+        for wid in wids:
+            if wid not in results:
+                continue
+            entry, resp, executed, _stopped, lost, total, poll = results[wid]
+            server = _server_ms(resp)
+            timing = StepTiming(
+                total_ms=total,
+                server_ms=server,
+                network_ms=None if server is None else max(0.0, total - server),
+                poll_ms=poll,
+                policy_ms=_meta_policy(meta, wid),
+            )
+            self._finish_worker_step(
+                wid, per_worker[wid][:executed], entry, wid in lost, timing, meta, chunked=True,
+                chunk_size=len(per_worker[wid]),
+            )
+        if errors:
+            first = next(iter(errors.values()))
+            raise first
+
+    def _finish_worker_step(
+        self,
+        wid: str,
+        executed: list[dict[str, Any]],
+        entry: WorkerEntry,
+        lock_lost: bool,
+        timing: StepTiming,
+        meta: Mapping[str, Mapping[str, Any]],
+        *,
+        chunked: bool,
+        chunk_size: int | None = None,
+    ) -> None:
+        st = self._state[wid]
+        st.timing = timing
+        st.executed_steps = len(executed)
+        counts = self.stats["executed_steps"]
+        counts[wid] = counts.get(wid, 0) + len(executed)
+        if self._listener is not None and executed:
+            m = meta.get(wid) or {}
+            base_ts = _timestep(st.obs)
+            obs_ts = list(m.get("obs_timesteps") or [base_ts] * len(executed))[: len(executed)]
+            if chunked and not m.get("chunk"):
+                size = chunk_size or len(executed)
+                chunk: list[dict[str, int] | None] = [{"index": i, "size": size} for i in range(len(executed))]
+            else:
+                chunk = list(m.get("chunk") or [None] * len(executed))[: len(executed)]
+            self._listener.executed(
+                wid, executed, obs_timesteps=obs_ts, chunk=chunk, latency=timing.as_row()
+            )
+        self._apply_entry(wid, entry, lock_lost=lock_lost, first=False)
+
+    def _apply_entry(self, wid: str, entry: WorkerEntry, *, lock_lost: bool, first: bool) -> None:
+        st = self._state[wid]
+        prev_obs = st.obs
+        st.metric = entry.metric
+        st.lock_lost = lock_lost
+        er = entry.episode_result
+        st.episode_result = None if er is None else er.to_dict()
+        if lock_lost:
+            self.lock_lost_count += 1
+            log.warning(
+                "worker %s: the server lost the episode lock; episode %s was aborted and re-queued",
+                wid,
+                _get(prev_obs, "episode_id"),
+            )
+            self._emit("lock_lost", {"worker_id": wid, "episode_id": _get(prev_obs, "episode_id")})
+        if er is not None:
+            self.episode_results.append(er)
+            self.stats["episodes"] += 1
+            self._emit("episode_finished", {"worker_id": wid, "episode_result": st.episode_result})
+        obs = entry.obs
+        if obs is not None:
+            if prev_obs is None or first or lock_lost or er is not None or _get(obs, "reset"):
+                # A new episode's first observation: make the flag reliable for the policy.
+                obs["reset"] = True
+            elif "reset" not in obs:
+                obs["reset"] = False
+            rid = _get(obs, "robot_id")
+            if rid and (st.robot is None or st.robot.robot_id != rid):
+                try:
+                    st.robot = get_robot(rid)
+                except ValidationError:
+                    log.warning("worker %s: unknown robot_id %r (validation needs robot=)", wid, rid)
+        if self._listener is not None:
+            if not first and (er is not None or lock_lost or (obs is None and prev_obs is not None)):
+                self._listener.episode_end(wid, er, lock_lost=lock_lost)
+            elif not first and obs is not None and obs.get("reset") and prev_obs is not None:
+                # A new episode began without a result (server re-queued it): close the old one.
+                self._listener.episode_end(wid, None, lock_lost=False)
+            if obs is not None:
+                self._listener.observation(wid, obs)
+        st.obs = obs
+        if obs is None and not st.finished:
+            st.finished = True
+            self._emit("worker_finished", {"worker_id": wid, "metric": st.metric})
+            if self._listener is not None:
+                self._listener.worker_finished(wid, st.metric)
+
+    def _emit(self, name: str, payload: dict[str, Any]) -> None:
+        if self._on_event is not None:
+            try:
+                self._on_event(name, payload)
+            except Exception:  # a callback bug must not kill the evaluation
+                log.exception("on_event callback failed for %s", name)
+
+    # ------------------------------------------------------------------ state
+
+    def entries(self) -> dict[str, dict[str, Any]]:
+        """The latest entry of every worker (the same shape ``reset``/``step`` return)."""
+        return {
+            wid: {
+                "obs": st.obs,
+                "metric": st.metric,
+                "episode_result": st.episode_result,
+                "lock_lost": st.lock_lost,
+                "executed_steps": st.executed_steps,
+            }
+            for wid, st in self._state.items()
+        }
+
+    @property
+    def done(self) -> bool:
+        """True once every worker of this client has finished (no task left for it)."""
+        return self._started and all(st.finished for st in self._state.values())
+
+    def timing(self, worker_id: str) -> StepTiming:
+        """Latency split of the last request for ``worker_id``."""
+        return self._state[str(worker_id)].timing
+
+    def robot(self, worker_id: str) -> RobotSpec | None:
+        """The robot of ``worker_id`` (from ``robot=`` or its last ``obs["robot_id"]``)."""
+        return self._robot or self._state[str(worker_id)].robot
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        """The latest metric dict merged over workers (keys with ``*`` are unfinished tasks)."""
+        merged: dict[str, Any] = {}
+        for st in self._state.values():
+            if isinstance(st.metric, Mapping):
+                merged.update(st.metric)
+        return merged
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise GenmanipEvalError("this EvalClient is closed")
+
+    def close(self) -> None:
+        """Release the workers (``/kill`` unless all finished) and the connections. Idempotent.
+
+        Never raises because of the kill: a failure there is logged, so it cannot mask the
+        error that made the caller close the client.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self.kill_on_close and self._started and not self.done:
+                try:
+                    self.kill()
+                except GenmanipError as exc:
+                    log.warning("close(): /kill of workers %s failed: %s", ",".join(self.worker_ids), exc)
+            if self._owns_listener and self._listener is not None:
+                self._listener.close()  # type: ignore[attr-defined]
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+            for t in [self._http, *self._worker_http.values()]:
+                if t is not None:
+                    t.close()
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _violation(field_: str, expected: str, actual: str) -> Violation:
+    return Violation(field_, expected, actual)
+
+
+def _resolve_token(token: str | None) -> str | None:
+    try:
+        from genmanip_protocol.config import resolve_token
+    except ImportError:  # TODO(H5): genmanip_protocol.config not landed yet
+        import os
+
+        return token or os.environ.get(TOKEN_ENV) or None
+    return resolve_token(token, TOKEN_ENV, "eval")
+
+
+def _parse_worker_ids(worker_ids: Iterable[str | int] | str | int) -> list[str]:
+    if isinstance(worker_ids, (str, int)):
+        items = [s.strip() for s in str(worker_ids).split(",")]
+    else:
+        items = [str(w).strip() for w in worker_ids]
+    if not items or any(not w for w in items):
+        raise ValidationError(
+            _violation("worker_ids", "a non-empty list of non-empty ids", repr(worker_ids))
+        )
+    if len(set(items)) != len(items):
+        raise ValidationError(_violation("worker_ids", "distinct ids", repr(items)))
+    return items
+
+
+def _get(obs: Any, key: str) -> Any:
+    if obs is None:
+        return None
+    try:
+        return obs.get(key)
+    except AttributeError:
+        return None
+
+
+def _timestep(obs: Any) -> int | None:
+    ts = _get(obs, "timestep")
+    try:
+        return None if ts is None else int(ts)
+    except (TypeError, ValueError):
+        return None
+
+
+def _meta_policy(meta: Mapping[str, Mapping[str, Any]], wid: str) -> float | None:
+    m = meta.get(wid)
+    if not m:
+        return None
+    v = m.get("policy_ms")
+    return None if v is None else float(v)
+
+
+def _raise_status(resp: Any, route: str) -> None:
+    detail = ""
+    try:
+        j = resp.json()
+        if isinstance(j, dict):
+            detail = str(j.get("detail", ""))
+    except Exception:  # noqa: BLE001
+        detail = resp.body[:200].decode("utf-8", "replace") if resp.body else ""
+    raise HTTPStatusError(
+        f"GET {route} failed: HTTP {resp.status}" + (f": {detail}" if detail else ""),
+        status=resp.status,
+        detail=detail,
+        route=route,
+    )
+
+
+def _step_error(exc: GenmanipError, route: str, workers: list[str], timeout: float) -> StepError:
+    who = ", ".join(workers)
+    if isinstance(exc, RequestTimeout):
+        return StepTimeout(
+            f"POST {route} for worker(s) {who} timed out after {timeout:g} s; the server may still "
+            "apply the action(s): it was not resent",
+            timeout=timeout,
+            route=route,
+            workers=workers,
+            sent=True,
+            maybe_executed=True,
+        )
+    if isinstance(exc, ConnectError):
+        return StepError(
+            f"POST {route} for worker(s) {who}: could not reach the server ({exc}); nothing was sent",
+            route=route,
+            workers=workers,
+            sent=False,
+            maybe_executed=False,
+        )
+    if isinstance(exc, HTTPStatusError):
+        # 4xx: the server rejected the request before acting on it. 5xx: a worker may have stepped.
+        maybe = exc.status >= 500
+        tail = "the action(s) may have been applied" if maybe else "nothing was executed"
+        return StepError(
+            f"POST {route} for worker(s) {who} failed: HTTP {exc.status}: {exc.detail or exc}; {tail}",
+            route=route,
+            workers=workers,
+            sent=True,
+            maybe_executed=maybe,
+            status=exc.status,
+            detail=exc.detail,
+        )
+    if isinstance(exc, TransportError):
+        return StepError(
+            f"POST {route} for worker(s) {who} failed: {exc}"
+            + ("; the action(s) may have been applied" if exc.maybe_executed else ""),
+            route=route,
+            workers=workers,
+            sent=exc.sent,
+            maybe_executed=exc.maybe_executed,
+        )
+    if isinstance(exc, (DecodeError, ResponseError)):
+        return StepError(
+            f"the reply to POST {route} for worker(s) {who} is malformed: {exc}; the action(s) were "
+            "probably applied",
+            route=route,
+            workers=workers,
+            sent=True,
+            maybe_executed=True,
+        )
+    return StepError(
+        f"POST {route} for worker(s) {who} failed: {exc}",
+        route=route,
+        workers=workers,
+        sent=True,
+        maybe_executed=True,
+    )

@@ -1,0 +1,561 @@
+"""Episode recording off the hot path: ``steps.jsonl``, per-camera H.264 mp4, results, live view.
+
+Layout (docs/architecture.md, client layout)::
+
+    <root>/<benchmark>/<run_id>/run.json
+    <root>/<benchmark>/<run_id>/<task_name>/episode_result.json      merged under a file lock
+    <root>/<episode_id>/steps.jsonl, <camera>.mp4, result.json, INCOMPLETE
+
+The step loop only classifies and enqueues (cheap); a writer thread appends rows and JPEG frames
+(length-prefixed, bytes as received: nothing is decoded to be recorded) and a transcoder thread
+turns each finished episode's frames into ``<camera>.mp4`` with ffmpeg at low priority, then writes
+``result.json`` last (atomically) and removes ``INCOMPLETE``. The queue is bounded (back-pressure,
+bounded memory); a failure of either thread is raised in the step loop at the next call and never
+blocks it forever.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import shutil
+import struct
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from genmanip_protocol.atomic import atomic_write_bytes, atomic_write_json, json_default, merge_json
+from genmanip_protocol.errors import ValidationError
+from genmanip_protocol.schema import EpisodeResult, safe_relative_path, split_episode_id
+from genmanip_protocol.stats import wilson_interval
+
+from .errors import EpisodeIdError, RecordingError
+
+__all__ = [
+    "RESULTS_DIR_ENV",
+    "Recorder",
+    "camera_name",
+    "iter_frame_file",
+    "resolve_results_root",
+]
+
+log = logging.getLogger("genmanip_eval.recording")
+
+RESULTS_DIR_ENV = "GENMANIP_RESULT_DIR"
+_LEN = struct.Struct(">I")
+_FRAMES_DIR = ".frames"
+_RECORDING_FILES = ("steps.jsonl", "result.json", "INCOMPLETE")
+
+
+def resolve_results_root(flag: str | os.PathLike[str] | None = None) -> Path:
+    """``--results-dir``, else ``$GENMANIP_RESULT_DIR``, else ``./client_results`` (absolute)."""
+    value = flag or os.environ.get(RESULTS_DIR_ENV) or "client_results"
+    return Path(value).expanduser().absolute()
+
+
+def camera_name(key: str) -> str:
+    """``video.left_camera_view`` -> ``left_camera`` (the mp4 file stem)."""
+    name = key[len("video.") :] if key.startswith("video.") else key
+    return name[: -len("_view")] if name.endswith("_view") else name
+
+
+def iter_frame_file(path: Path) -> Iterator[bytes]:
+    """Yield the JPEGs of a length-prefixed frame file (a truncated tail is ignored)."""
+    with open(path, "rb") as fh:
+        while True:
+            head = fh.read(_LEN.size)
+            if len(head) < _LEN.size:
+                return
+            (n,) = _LEN.unpack(head)
+            data = fh.read(n)
+            if len(data) < n:
+                return
+            yield data
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+@dataclass
+class _Episode:
+    """Main-thread bookkeeping of one episode being recorded."""
+
+    episode_id: str
+    directory: Path
+    run_dir: Path
+    task_name: str
+    seed: str
+    worker_id: str
+    robot_id: str | None
+    instruction: str | None
+    started: str
+    cameras: list[str] = field(default_factory=list)
+    frames: int = 0
+    steps: int = 0
+    ts_frame: dict[int, int] = field(default_factory=dict)
+    states: dict[int, Any] = field(default_factory=dict)
+    state_used: set[int] = field(default_factory=set)
+    last_ts: int | None = None
+
+
+def _state_of(obs: Any) -> dict[str, Any] | None:
+    out: dict[str, Any] = {}
+    for key, name in (("state.joints", "joints"), ("state.gripper", "gripper"), ("state.base", "base")):
+        v = obs.get(key)
+        if v is not None:
+            out[name] = v
+    return out or None
+
+
+class Recorder:
+    """Records episodes under ``root``; implements :class:`genmanip_eval.client.StepListener`.
+
+    Args:
+        root: the results root (see :func:`resolve_results_root`).
+        manifest: fields for ``run.json`` (versions, server URL without token, policy, ...).
+        live_every: every N observations of a worker, write its newest frames + ``live.json``
+            into ``<run_dir>/.live/<worker_id>/`` (0 = off).
+        queue_size: bound of the writer queue (items are one observation's frames or one
+            request's rows).
+        fps: frame rate of the mp4 files.
+        nice: niceness added to the ffmpeg transcoder (keeps the step loop responsive).
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        manifest: Mapping[str, Any] | None = None,
+        live_every: int = 0,
+        queue_size: int = 64,
+        fps: int = 30,
+        nice: int = 10,
+    ) -> None:
+        self.root = Path(root).absolute()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._root_resolved = self.root.resolve()
+        self.manifest = dict(manifest or {})
+        self.manifest.setdefault("started", _now())
+        self.live_every = max(0, int(live_every))
+        self.fps = fps
+        self.nice = nice
+        self._q: queue.Queue[tuple[Any, ...]] = queue.Queue(maxsize=max(1, queue_size))
+        self._tq: queue.Queue[tuple[Any, ...] | None] = queue.Queue()
+        self._error: BaseException | None = None
+        self._episodes: dict[str, _Episode] = {}
+        self._obs_count: dict[str, int] = {}
+        self._open: dict[int, dict[str, Any]] = {}  # writer-thread state per episode object id
+        self._run_dirs: set[Path] = set()
+        # Episode directories with a transcode queued or running: a re-run of the same episode
+        # waits for it, so files of two attempts never mix.
+        self._busy: dict[Path, int] = {}
+        self._busy_cv = threading.Condition()
+        self._closed = False
+        #: Finished episodes seen by this recorder: (success, score) — for the live running SR.
+        self.finished: list[tuple[bool, float]] = []
+        self._writer = threading.Thread(target=self._writer_loop, name="gmp-recorder", daemon=True)
+        self._transcoder = threading.Thread(target=self._transcode_loop, name="gmp-transcoder", daemon=True)
+        self._writer.start()
+        self._transcoder.start()
+
+    # ------------------------------------------------------------ producer side (step loop)
+
+    @property
+    def run_dirs(self) -> list[Path]:
+        """Run directories this recorder has written to."""
+        return sorted(self._run_dirs)
+
+    def check(self) -> None:
+        """Raise :class:`RecordingError` if the writer or transcoder failed."""
+        if self._error is not None:
+            raise RecordingError(
+                f"recording failed: {self._error}",
+                hint="check free disk space and that ffmpeg works (or run with --no-record)",
+            ) from self._error
+
+    def _put(self, item: tuple[Any, ...]) -> None:
+        while True:
+            self.check()
+            if not self._writer.is_alive():
+                raise RecordingError("the recording writer thread stopped unexpectedly")
+            try:
+                self._q.put(item, timeout=0.2)
+                return
+            except queue.Full:
+                continue
+
+    def _episode_paths(self, episode_id: Any) -> tuple[Path, Path, str, str]:
+        try:
+            rel = safe_relative_path(episode_id)
+            bench, run_id, task, seed = split_episode_id(episode_id)
+        except ValidationError as exc:
+            raise EpisodeIdError(
+                f"refusing to record episode id {str(episode_id)[:120]!r} from the server: {exc}; "
+                "nothing was written",
+            ) from exc
+        directory = self.root / rel
+        run_dir = self.root / bench / run_id
+        return directory, run_dir, task, seed
+
+    def observation(self, worker_id: str, obs: Any) -> None:
+        """A real observation arrived for ``worker_id`` (the first of an episode has reset=True)."""
+        ep = self._episodes.get(worker_id)
+        if ep is None or obs.get("reset"):
+            if ep is not None:
+                self._put(("abort", ep, "restarted before the episode ended"))
+            ep = self._begin(worker_id, obs)
+        ts_raw = obs.get("timestep")
+        ts = int(ts_raw) if ts_raw is not None else (ep.last_ts + 1 if ep.last_ts is not None else 0)
+        frames: dict[str, Any] = {}
+        for key in obs.cameras if hasattr(obs, "cameras") else [k for k in obs if str(k).startswith("video.")]:
+            data = obs.frame_bytes(key) if hasattr(obs, "frame_bytes") else None
+            frames[camera_name(key)] = data if data is not None else obs[key]
+        if not ep.cameras:
+            ep.cameras = list(frames)
+        ep.ts_frame[ts] = ep.frames
+        ep.states[ts] = _state_of(obs)
+        # Bounded: only observations a (chunk-buffered) action may still refer to are kept.
+        if len(ep.states) > 256:
+            for old in sorted(ep.states)[:-128]:
+                ep.states.pop(old, None)
+        ep.last_ts = ts
+        self._put(("frame", ep, frames, ep.frames))
+        ep.frames += 1
+        n = self._obs_count[worker_id] = self._obs_count.get(worker_id, 0) + 1
+        if self.live_every and (n % self.live_every == 0 or n == 1):
+            live = {
+                "worker_id": worker_id,
+                "step": ts,
+                "episode_id": ep.episode_id,
+                "instruction": ep.instruction,
+                "task_name": ep.task_name,
+                "updated": time.time(),
+                **self._running_sr(),
+            }
+            self._put(("live", ep.run_dir, worker_id, frames, live))
+
+    def _running_sr(self) -> dict[str, Any]:
+        n = len(self.finished)
+        k = sum(1 for s, _ in self.finished if s)
+        lo, hi = wilson_interval(k, n)
+        return {"episodes": n, "successes": k, "sr": (k / n) if n else None, "sr_ci95": [lo, hi]}
+
+    def _begin(self, worker_id: str, obs: Any) -> _Episode:
+        eid = obs.get("episode_id")
+        directory, run_dir, task, seed = self._episode_paths(eid)
+        rid = obs.get("robot_id")
+        instr = obs.get("instruction")
+        ep = _Episode(
+            episode_id=str(eid),
+            directory=directory,
+            run_dir=run_dir,
+            task_name=task,
+            seed=seed,
+            worker_id=worker_id,
+            robot_id=None if rid is None else str(rid),
+            instruction=None if instr is None else str(instr),
+            started=_now(),
+        )
+        self._episodes[worker_id] = ep
+        self._put(("begin", ep))
+        return ep
+
+    def executed(
+        self,
+        worker_id: str,
+        actions: list[dict[str, Any]],
+        *,
+        obs_timesteps: list[int | None],
+        chunk: list[dict[str, int] | None],
+        latency: dict[str, float | None] | None,
+    ) -> None:
+        """Actions the server executed for ``worker_id`` (in order)."""
+        ep = self._episodes.get(worker_id)
+        if ep is None:
+            log.debug("worker %s: executed actions outside a recorded episode", worker_id)
+            return
+        rows = []
+        for i, action in enumerate(actions):
+            ots = obs_timesteps[i] if i < len(obs_timesteps) else ep.last_ts
+            if ots is None:
+                ots = ep.last_ts
+            state = None
+            if ots is not None and ots not in ep.state_used:
+                ep.state_used.add(ots)
+                state = ep.states.get(ots)
+            rows.append(
+                {
+                    "episode_id": ep.episode_id,
+                    "worker_id": worker_id,
+                    "robot_id": ep.robot_id,
+                    "step": ep.steps,
+                    "obs_timestep": ots,
+                    "frame": ep.ts_frame.get(ots) if ots is not None else None,
+                    "state": state,
+                    "action": action,
+                    "chunk": chunk[i] if i < len(chunk) else None,
+                    "latency_ms": latency if i == 0 else None,
+                }
+            )
+            ep.steps += 1
+        self._put(("rows", ep, rows))
+
+    def episode_end(self, worker_id: str, result: EpisodeResult | None, *, lock_lost: bool) -> None:
+        """The worker's current episode ended (result None: aborted / not scored)."""
+        ep = self._episodes.pop(worker_id, None)
+        if ep is None:
+            return
+        if lock_lost:
+            self._put(("abort", ep, "lock_lost: the server aborted the episode and re-queued it"))
+        elif result is None:
+            self._put(("abort", ep, "the server sent no result for this episode (re-queued)"))
+        elif result.episode_id != ep.episode_id:
+            log.warning(
+                "worker %s: result for %s arrived while recording %s", worker_id, result.episode_id, ep.episode_id
+            )
+            self._put(("abort", ep, f"result mismatch: server reported {result.episode_id}"))
+        else:
+            self.finished.append((result.success, result.score))
+            self._put(("finish", ep, result))
+
+    def worker_finished(self, worker_id: str, metric: Any) -> None:
+        """The worker has no task left."""
+        ep = self._episodes.pop(worker_id, None)
+        if ep is not None:
+            self._put(("abort", ep, "the worker finished without a result for this episode"))
+
+    def close(self, timeout: float | None = None) -> None:
+        """Flush everything (waits for transcoding) and stamp ``run.json``; raise on failure.
+
+        Episodes still open are left ``INCOMPLETE``.
+        """
+        if self._closed:
+            self.check()
+            return
+        self._closed = True
+        for wid, ep in list(self._episodes.items()):
+            self._episodes.pop(wid, None)
+            try:
+                self._put(("abort", ep, "the run ended before the episode finished"))
+            except RecordingError:
+                break
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            self._q.put(("stop",), timeout=5.0)
+        except queue.Full:
+            pass
+        for t in (self._writer, self._transcoder):
+            while t.is_alive():
+                t.join(0.2)
+                if deadline is not None and time.monotonic() > deadline:
+                    raise RecordingError(f"recording did not finish within {timeout:g} s")
+                if self._error is not None and t is self._writer and not self._writer.is_alive():
+                    break
+        self.check()
+
+    def update_manifest(self, **fields: Any) -> None:
+        """Merge ``fields`` into ``run.json`` of every run dir written so far (e.g. ``finished``)."""
+        self.manifest.update(fields)
+        for run_dir in self.run_dirs:
+            self._merge_run_json(run_dir)
+
+    # ------------------------------------------------------------ writer thread
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._error is None:
+            self._error = exc
+            log.error("recording failed: %s", exc)
+
+    def _writer_loop(self) -> None:
+        while True:
+            item = self._q.get()
+            kind = item[0]
+            if kind == "stop":
+                self._tq.put(None)
+                return
+            if self._error is not None:
+                continue  # keep draining so producers never block; the loop raises at next put
+            try:
+                getattr(self, f"_w_{kind}")(*item[1:])
+            except BaseException as exc:  # noqa: BLE001 - reported to the step loop
+                self._fail(exc)
+
+    def _merge_run_json(self, run_dir: Path) -> None:
+        manifest = dict(self.manifest)
+
+        def update(cur: dict[str, Any]) -> None:
+            workers = set(cur.get("workers") or []) | set(manifest.pop("workers", []) or [])
+            started = cur.get("started")
+            for k, v in manifest.items():
+                cur[k] = v
+            if started and manifest.get("started"):
+                cur["started"] = min(started, manifest["started"])
+            cur["workers"] = sorted(workers)
+
+        merge_json(run_dir / "run.json", update, run_dir / ".run.json.lock")
+
+    def _safe_dir(self, directory: Path) -> Path:
+        directory.mkdir(parents=True, exist_ok=True)
+        resolved = directory.resolve()
+        if not resolved.is_relative_to(self._root_resolved):
+            raise EpisodeIdError(
+                f"episode directory {directory} resolves outside the results root (symlink?); "
+                "refusing to write there"
+            )
+        return directory
+
+    def _w_begin(self, ep: _Episode) -> None:
+        with self._busy_cv:
+            while self._busy.get(ep.directory, 0) > 0 and self._error is None:
+                self._busy_cv.wait(0.2)
+        if ep.run_dir not in self._run_dirs:
+            self._safe_dir(ep.run_dir)
+            self._run_dirs.add(ep.run_dir)
+            self._merge_run_json(ep.run_dir)
+        d = self._safe_dir(ep.directory)
+        # A re-run replaces the previous attempt: rows of different attempts never mix.
+        for name in _RECORDING_FILES:
+            (d / name).unlink(missing_ok=True)
+        for mp4 in d.glob("*.mp4"):
+            mp4.unlink()
+        shutil.rmtree(d / _FRAMES_DIR, ignore_errors=True)
+        atomic_write_json(
+            d / "INCOMPLETE",
+            {"episode_id": ep.episode_id, "worker_id": ep.worker_id, "started": ep.started, "reason": None},
+            fsync=False,
+        )
+        (d / _FRAMES_DIR).mkdir()
+        self._open[id(ep)] = {
+            "steps": open(d / "steps.jsonl", "wb"),  # noqa: SIM115 - closed at finish/abort
+            "frames": {},
+            "last": {},
+        }
+
+    def _w_frame(self, ep: _Episode, frames: dict[str, Any], index: int) -> None:
+        st = self._open.get(id(ep))
+        if st is None:
+            return
+        files: dict[str, Any] = st["frames"]
+        last: dict[str, bytes] = st["last"]
+        for cam in ep.cameras:
+            value = frames.get(cam)
+            if value is None:
+                data = last.get(cam)  # a missing frame repeats the previous one: indices stay aligned
+                if data is None:
+                    continue
+            elif isinstance(value, (bytes, bytearray, memoryview)):
+                data = bytes(value)
+            else:
+                from genmanip_protocol.codec import encode_jpeg
+
+                data = encode_jpeg(value)
+            fh = files.get(cam)
+            if fh is None:
+                fh = files[cam] = open(ep.directory / _FRAMES_DIR / f"{cam}.jpegs", "wb")  # noqa: SIM115
+            fh.write(_LEN.pack(len(data)))
+            fh.write(data)
+            last[cam] = data
+
+    def _w_rows(self, ep: _Episode, rows: list[dict[str, Any]]) -> None:
+        st = self._open.get(id(ep))
+        if st is None:
+            return
+        fh = st["steps"]
+        for row in rows:
+            fh.write(json.dumps(row, default=json_default, allow_nan=True).encode() + b"\n")
+
+    def _close_files(self, ep: _Episode) -> list[str]:
+        st = self._open.pop(id(ep), None)
+        if st is None:
+            return []
+        st["steps"].close()
+        for fh in st["frames"].values():
+            fh.close()
+        return list(st["frames"])
+
+    def _w_abort(self, ep: _Episode, reason: str) -> None:
+        self._close_files(ep)
+        shutil.rmtree(ep.directory / _FRAMES_DIR, ignore_errors=True)
+        if ep.directory.is_dir():
+            atomic_write_json(
+                ep.directory / "INCOMPLETE",
+                {"episode_id": ep.episode_id, "worker_id": ep.worker_id, "started": ep.started, "reason": reason},
+                fsync=False,
+            )
+
+    def _w_finish(self, ep: _Episode, result: EpisodeResult) -> None:
+        cams = self._close_files(ep)
+        with self._busy_cv:
+            self._busy[ep.directory] = self._busy.get(ep.directory, 0) + 1
+        self._tq.put((ep, result, cams, _now()))
+
+    def _w_live(self, run_dir: Path, worker_id: str, frames: dict[str, Any], info: dict[str, Any]) -> None:
+        d = run_dir / ".live" / worker_id
+        d.mkdir(parents=True, exist_ok=True)
+        cams = []
+        for cam, value in frames.items():
+            if isinstance(value, (bytes, bytearray, memoryview)):
+                atomic_write_bytes(d / f"{cam}.jpg", bytes(value), fsync=False)
+                cams.append(cam)
+        info = dict(info, cameras=cams)
+        atomic_write_json(d / "live.json", info, fsync=False)
+
+    # ------------------------------------------------------------ transcoder thread
+
+    def _transcode_loop(self) -> None:
+        while True:
+            item = self._tq.get()
+            if item is None:
+                return
+            try:
+                if self._error is not None:
+                    continue
+                self._transcode(*item)
+            except BaseException as exc:  # noqa: BLE001
+                self._fail(exc)
+            finally:
+                with self._busy_cv:
+                    d = item[0].directory
+                    self._busy[d] -= 1
+                    if not self._busy[d]:
+                        del self._busy[d]
+                    self._busy_cv.notify_all()
+
+    def _transcode(self, ep: _Episode, result: EpisodeResult, cams: list[str], finished: str) -> None:
+        from genmanip_protocol.video import transcode_jpegs
+
+        d = ep.directory
+        for cam in cams:
+            src = d / _FRAMES_DIR / f"{cam}.jpegs"
+            transcode_jpegs(iter_frame_file(src), d / f"{cam}.mp4", fps=self.fps, nice=self.nice)
+        seed_key = ep.seed
+
+        def update(cur: dict[str, Any]) -> None:
+            cur[seed_key] = {"score": result.score, "sr": result.sr}
+
+        merge_json(d.parent / "episode_result.json", update, d.parent / "episode_result.lock")
+        atomic_write_json(
+            d / "result.json",
+            {
+                "episode_id": ep.episode_id,
+                "task_name": ep.task_name,
+                "seed": ep.seed,
+                "score": result.score,
+                "sr": result.sr,
+                "steps": ep.steps,
+                "robot_id": ep.robot_id,
+                "worker_id": ep.worker_id,
+                "instruction": ep.instruction,
+                "started": ep.started,
+                "finished": finished,
+            },
+        )
+        (d / "INCOMPLETE").unlink(missing_ok=True)
+        shutil.rmtree(d / _FRAMES_DIR, ignore_errors=True)

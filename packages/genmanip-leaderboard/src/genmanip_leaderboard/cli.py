@@ -1,0 +1,240 @@
+"""Handlers of ``gmp leaderboard list|bundle|submit|status`` (the parser lives in the meta package).
+
+Data on stdout (a table or JSON, a bundle path, the submission JSON), talk on stderr. The author
+token comes from ``--token``, ``$USER_TOKEN`` or ``[leaderboard] token`` in the config file and is
+never printed; host and port from the flags, ``$LEADERBOARD_HOST``/``$LEADERBOARD_PORT`` or the
+config file's ``[leaderboard]`` section.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from genmanip_protocol.config import resolve_setting, resolve_token
+from genmanip_protocol.console import Console, Progress, table
+from genmanip_protocol.errors import ExitCode, ValidationError, Violation
+
+from .bundle import Bundle, build_bundle
+from .client import DEFAULT_HOST, DEFAULT_PORT, LeaderboardClient
+from .errors import MissingTokenError
+from .runs import default_roots, discover_runs, resolve_run, run_summary, select_run
+from .submit import submit_run
+
+__all__ = [
+    "TOKEN_ENV",
+    "bundle",
+    "client_from_args",
+    "list_runs",
+    "status",
+    "submit",
+]
+
+TOKEN_ENV = "USER_TOKEN"
+SECTION = "leaderboard"
+
+
+def _reveal(value: Any) -> str | None:
+    if value is None:
+        return None
+    reveal = getattr(value, "reveal", None)
+    out = reveal() if callable(reveal) else value
+    return str(out) if out else None
+
+
+def _print_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def _fmt_time(epoch: float | None) -> str:
+    if not epoch:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(epoch))
+
+
+def _fmt_size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000  # type: ignore[assignment]
+    return f"{n} B"
+
+
+def client_from_args(args: argparse.Namespace, *, need_token: bool) -> LeaderboardClient:
+    """The client from ``--host/--port/--token/--ca-cert/--insecure-http`` (+ env and config)."""
+    host = resolve_setting(getattr(args, "host", None), "LEADERBOARD_HOST", SECTION, "host", DEFAULT_HOST)
+    port_raw = resolve_setting(getattr(args, "port", None), "LEADERBOARD_PORT", SECTION, "port", DEFAULT_PORT)
+    try:
+        port = int(port_raw)
+    except (TypeError, ValueError):
+        raise ValidationError(
+            Violation("--port / LEADERBOARD_PORT", "a port number", repr(port_raw))
+        ) from None
+    token = _reveal(resolve_token(getattr(args, "token", None), TOKEN_ENV, SECTION))
+    if need_token and not token:
+        raise MissingTokenError(
+            "the leaderboard needs an author token",
+            hint=f"set ${TOKEN_ENV}, add `token = \"...\"` under [leaderboard] in the config file, or pass --token",
+        )
+    ca = resolve_setting(getattr(args, "ca_cert", None), "GMP_LEADERBOARD_CA", SECTION, "ca_cert", None)
+    return LeaderboardClient(
+        str(host),
+        port,
+        token,
+        ca_file=ca,
+        insecure_http=bool(getattr(args, "insecure_http", False)),
+    )
+
+
+def list_runs(args: argparse.Namespace) -> int:
+    """``gmp leaderboard list``: every local run, newest first, as a table or ``--json``."""
+    console = Console.from_args(args)
+    roots = default_roots(getattr(args, "root", None))
+    runs = discover_runs(roots)
+    rows = [run_summary(r) for r in runs]
+    if getattr(args, "json", False):
+        _print_json(rows)
+        return int(ExitCode.OK)
+    if not rows:
+        console.info("no runs found under " + ", ".join(str(r) for r in roots))
+        return int(ExitCode.OK)
+    table_rows = []
+    for r in rows:
+        total = r["episodes_total"]
+        episodes = f"{r['episodes_done']}/{total if total is not None else '?'}"
+        sr = r["success_rate"]
+        sub = "yes" if r["submitted"] else "no"
+        if r["submission_id"]:
+            sub = f"yes ({r['submission_id']})"
+        table_rows.append(
+            [
+                r["benchmark"],
+                r["run_id"] + (" (live)" if r["live"] else ""),
+                r["layout"],
+                episodes,
+                "-" if sr is None else f"{sr:.3f}",
+                sub,
+                _fmt_time(r["updated"]),
+            ]
+        )
+    sys.stdout.write(
+        table(table_rows, ["BENCHMARK", "RUN ID", "LAYOUT", "EPISODES", "SR", "SUBMITTED", "UPDATED"])
+    )
+    return int(ExitCode.OK)
+
+
+def _describe_bundle(console: Console, b: Bundle) -> None:
+    counts = b.manifest.get("counts", {})
+    console.info(
+        f"bundle {b.path}: {counts.get('files')} files, {_fmt_size(b.size)}, "
+        f"{counts.get('episodes_complete')} complete episode(s); sha256 {b.sha256}"
+    )
+    if b.skipped:
+        reasons: dict[str, int] = {}
+        for s in b.skipped:
+            reasons[s.reason] = reasons.get(s.reason, 0) + 1
+        console.info("left out: " + ", ".join(f"{n} {r}" for r, n in sorted(reasons.items())))
+        for s in b.skipped:
+            if "symlink" in s.reason:
+                console.warn(f"{s.name}: {s.reason}")
+            else:
+                console.debug(f"left out {s.name}: {s.reason}")
+
+
+def bundle(args: argparse.Namespace) -> int:
+    """``gmp leaderboard bundle RUN``: write a verified bundle; print its path on stdout."""
+    console = Console.from_args(args)
+    run = resolve_run(args.run, default_roots(getattr(args, "root", None)), getattr(args, "benchmark_id", None))
+    b = build_bundle(
+        run,
+        getattr(args, "out", None),
+        include_videos=bool(getattr(args, "include_videos", False)),
+        allow_incomplete=bool(getattr(args, "allow_incomplete", False)),
+    )
+    if not b.manifest.get("complete"):
+        console.warn(f"run {run.run_id} is incomplete: {len(b.manifest.get('missing', []))} episode(s) missing")
+    _describe_bundle(console, b)
+    sys.stdout.write(str(b.path) + "\n")
+    return int(ExitCode.OK)
+
+
+def _upload_progress(console: Console) -> Callable[[Bundle], Callable[[int], None] | None]:
+    state: dict[str, Any] = {}
+
+    def factory(b: Bundle) -> Callable[[int], None] | None:
+        _describe_bundle(console, b)
+        total_kib = max(1, math.ceil(b.size / 1024))
+        bar = Progress(total_kib, "uploading", console, unit="KiB")
+        bar.__enter__()
+        state["bar"] = bar
+        state["sent"] = 0
+
+        def cb(sent_bytes: int) -> None:
+            kib = min(total_kib, sent_bytes // 1024)
+            if kib > state["sent"]:
+                bar.update(kib - state["sent"])
+                state["sent"] = kib
+
+        return cb
+
+    factory.state = state  # type: ignore[attr-defined]
+    return factory
+
+
+def submit(args: argparse.Namespace) -> int:
+    """``gmp leaderboard submit``: bundle, verify and upload a run; mark it submitted on success."""
+    console = Console.from_args(args)
+    roots = default_roots(getattr(args, "root", None))
+    run = select_run(discover_runs(roots), args.run_id, getattr(args, "benchmark_id", None))
+    with client_from_args(args, need_token=True) as client:
+        console.info(f"submitting {run.benchmark}/{run.run_id} ({run.path}) to {client.base_url}")
+        factory = _upload_progress(console)
+        try:
+            outcome = submit_run(
+                run,
+                client,
+                submission_name=args.submission_name,
+                leaderboard_name=args.leaderboard_name,
+                include_videos=bool(getattr(args, "include_videos", False)),
+                force=bool(getattr(args, "force", False)),
+                progress=factory,
+            )
+        finally:
+            bar = factory.state.get("bar")  # type: ignore[attr-defined]
+            if bar is not None:
+                bar.close()
+    out = {
+        "status": outcome.status,
+        "benchmark": run.benchmark,
+        "run_id": run.run_id,
+        "submission_id": outcome.submission_id,
+        "status_url": outcome.status_url,
+        "bundle_sha256": outcome.bundle_sha256,
+        "content_sha256": outcome.content_sha256,
+    }
+    _print_json(out)
+    if outcome.status == "unchanged":
+        prev = outcome.previous or {}
+        when = prev.get("submitted_at") or "earlier"
+        console.info(
+            f"run {run.run_id} was already submitted to {prev.get('leaderboard_name', args.leaderboard_name)!r}"
+            f" ({prev.get('submission_id') or 'unknown id'}, {when}) and has not changed: nothing to do"
+            " (--force submits again)"
+        )
+        return int(ExitCode.NOTHING_TO_DO)
+    console.success(f"submitted as {outcome.submission_id}; status: {outcome.status_url}")
+    return int(ExitCode.OK)
+
+
+def status(args: argparse.Namespace) -> int:
+    """``gmp leaderboard status SUBMISSION_ID``: the service's upload status as JSON on stdout."""
+    with client_from_args(args, need_token=False) as client:
+        result = client.status(args.submission_id)
+    _print_json(result)
+    return int(ExitCode.OK)

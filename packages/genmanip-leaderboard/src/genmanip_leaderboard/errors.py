@@ -1,0 +1,117 @@
+"""The exception tree of genmanip-leaderboard. Messages never contain the author token."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from genmanip_protocol.errors import ExitCode, GenmanipError
+
+__all__ = [
+    "AmbiguousRunError",
+    "BundleError",
+    "GenmanipLeaderboardError",
+    "IncompleteRunError",
+    "InsecureLeaderboardURL",
+    "LeaderboardAuthError",
+    "LeaderboardReplyError",
+    "MissingTokenError",
+    "RunNotFoundError",
+    "UploadError",
+    "UploadInterruptedError",
+    "UploadRejectedError",
+]
+
+
+class GenmanipLeaderboardError(GenmanipError):
+    """Base exception of genmanip-leaderboard."""
+
+
+class RunNotFoundError(GenmanipLeaderboardError):
+    """No run with that id (or path) under the results root."""
+
+    exit_code = ExitCode.INVALID_INPUT
+
+
+class AmbiguousRunError(GenmanipLeaderboardError):
+    """The run id exists under several benchmarks or layouts; ``candidates`` are their run dirs."""
+
+    exit_code = ExitCode.USAGE
+
+    def __init__(self, run_id: str, candidates: Sequence[str], *, hint: str | None = None) -> None:
+        listing = "; ".join(candidates)
+        super().__init__(
+            f"run id {run_id!r} is ambiguous: {len(candidates)} runs match: {listing}",
+            hint=hint or "pick one with --benchmark-id BENCHMARK, or point --root at one results tree",
+        )
+        self.run_id = run_id
+        self.candidates = list(candidates)
+
+
+class IncompleteRunError(GenmanipLeaderboardError):
+    """The run has unfinished or missing episodes; ``missing`` lists them (``task/seed``)."""
+
+    exit_code = ExitCode.REFUSED
+
+    def __init__(self, run_id: str, missing: Sequence[str], *, hint: str | None = None) -> None:
+        shown = ", ".join(missing[:20]) + (f" (and {len(missing) - 20} more)" if len(missing) > 20 else "")
+        super().__init__(
+            f"run {run_id!r} is incomplete: {len(missing)} episode(s) missing or unfinished: {shown}",
+            hint=hint,
+        )
+        self.run_id = run_id
+        self.missing = list(missing)
+
+
+class BundleError(GenmanipLeaderboardError):
+    """A bundle cannot be built safely, or a bundle failed verification."""
+
+    exit_code = ExitCode.REFUSED
+
+
+class MissingTokenError(GenmanipLeaderboardError):
+    """No author token (``--token``, ``USER_TOKEN`` or ``[leaderboard] token`` in the config file)."""
+
+    exit_code = ExitCode.AUTH
+
+
+class InsecureLeaderboardURL(GenmanipLeaderboardError):
+    """Plain HTTP was asked for a host that is not this machine."""
+
+    exit_code = ExitCode.REFUSED
+
+
+class UploadError(GenmanipLeaderboardError):
+    """The upload did not succeed; nothing was marked as submitted."""
+
+    exit_code = ExitCode.REMOTE_ERROR
+
+
+class UploadRejectedError(UploadError):
+    """The leaderboard answered and refused the bundle; ``status`` is the HTTP status, ``reason`` its text."""
+
+    def __init__(
+        self, status: int, reason: str, *, what: str = "the upload", hint: str | None = None
+    ) -> None:
+        super().__init__(f"the leaderboard rejected {what} (HTTP {status}): {reason}", hint=hint)
+        self.status = status
+        self.reason = reason
+
+
+class LeaderboardAuthError(UploadRejectedError):
+    """The author token was rejected."""
+
+    exit_code = ExitCode.AUTH
+
+
+class UploadInterruptedError(UploadError):
+    """The connection failed or was dropped before the leaderboard answered."""
+
+    exit_code = ExitCode.UNREACHABLE
+
+
+class LeaderboardReplyError(UploadError):
+    """The leaderboard's reply is not the documented shape; ``field`` names what is wrong."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"malformed leaderboard reply: {field}: {problem}")
+        self.field = field

@@ -1,0 +1,358 @@
+"""Terminal output of every gmp command: styled messages, a live progress line, plain tables.
+
+Rules this module enforces so commands do not have to:
+
+* talk goes to **stderr** (data belongs on stdout, where it can be piped);
+* colour only on a TTY, never when ``NO_COLOR`` is set (https://no-color.org), forced with
+  ``FORCE_COLOR``; ``TERM=dumb`` disables it too;
+* the progress line is redrawn in place (``\\r``, at most ~10 times a second) **only on a TTY**;
+  piped or redirected output gets no progress noise at all (the caller may print one summary);
+* ``quiet`` silences everything but errors, ``verbose`` enables :meth:`Console.debug`.
+
+Safe to use from several threads (the eval workers update one :class:`Progress`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import Any, TextIO
+
+__all__ = ["STYLES", "Console", "Progress", "format_duration", "table"]
+
+#: ANSI SGR codes understood by :meth:`Console.style`.
+STYLES: dict[str, str] = {
+    "bold": "1",
+    "dim": "2",
+    "italic": "3",
+    "underline": "4",
+    "red": "31",
+    "green": "32",
+    "yellow": "33",
+    "blue": "34",
+    "magenta": "35",
+    "cyan": "36",
+    "gray": "90",
+}
+
+_REDRAW_S = 0.1
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+def _color_default(stream: Any) -> bool:
+    if os.environ.get("NO_COLOR"):
+        return False
+    if os.environ.get("FORCE_COLOR"):
+        return True
+    if os.environ.get("TERM") == "dumb":
+        return False
+    return _isatty(stream)
+
+
+class Console:
+    """Messages for humans on ``stream`` (default: ``sys.stderr`` at call time).
+
+    Args:
+        stream: where to write; ``None`` means the current ``sys.stderr``.
+        color: force colour on/off; ``None`` = auto (TTY, no ``NO_COLOR``).
+        quiet: only :meth:`error` prints; progress lines are off.
+        verbose: 0 normal, >= 1 enables :meth:`debug`.
+    """
+
+    def __init__(
+        self,
+        stream: TextIO | None = None,
+        *,
+        color: bool | None = None,
+        quiet: bool = False,
+        verbose: int = 0,
+    ) -> None:
+        self._stream = stream
+        self.quiet = quiet
+        self.verbose = verbose
+        self.color = _color_default(self.stream) if color is None else color
+        self.lock = threading.RLock()
+        self._live: Progress | None = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, stream: TextIO | None = None) -> Console:
+        """A console honouring the global ``-q``/``-v`` flags of ``gmp`` (missing = defaults)."""
+        return cls(
+            stream,
+            quiet=bool(getattr(args, "quiet", False)),
+            verbose=int(getattr(args, "verbose", 0) or 0),
+        )
+
+    @property
+    def stream(self) -> TextIO:
+        """The output stream."""
+        return self._stream if self._stream is not None else sys.stderr
+
+    @property
+    def is_tty(self) -> bool:
+        """Whether the stream is an interactive terminal."""
+        return _isatty(self.stream)
+
+    def width(self) -> int:
+        """Terminal width in columns (80 when unknown)."""
+        try:
+            return max(20, os.get_terminal_size(self.stream.fileno()).columns)
+        except (AttributeError, ValueError, OSError):
+            return int(os.environ.get("COLUMNS", "80") or 80)
+
+    def style(self, text: str, *styles: str) -> str:
+        """``text`` wrapped in ANSI styles (``"bold"``, ``"red"``, ...) when colour is on."""
+        if not self.color or not styles:
+            return text
+        try:
+            codes = ";".join(STYLES[s] for s in styles)
+        except KeyError as exc:
+            raise ValueError(f"unknown style {exc.args[0]!r}; known: {', '.join(STYLES)}") from None
+        return f"\x1b[{codes}m{text}\x1b[0m"
+
+    def write(self, text: str) -> None:
+        """Write ``text`` as is (above a live progress line, which is redrawn afterwards)."""
+        with self.lock:
+            live = self._live
+            if live is not None:
+                live._clear()
+            self.stream.write(text)
+            if live is not None:
+                live._draw(force=True)
+            self.stream.flush()
+
+    def _message(self, prefix: str, styles: tuple[str, ...], msg: str) -> None:
+        self.write(f"{self.style(prefix, *styles)} {msg}\n" if prefix else f"{msg}\n")
+
+    def info(self, msg: str) -> None:
+        """A normal message (silent with ``quiet``)."""
+        if not self.quiet:
+            self._message("", (), msg)
+
+    def success(self, msg: str) -> None:
+        """A completed-successfully message (silent with ``quiet``)."""
+        if not self.quiet:
+            self._message("ok:", ("green", "bold"), msg)
+
+    def warn(self, msg: str) -> None:
+        """A warning (silent with ``quiet``)."""
+        if not self.quiet:
+            self._message("warning:", ("yellow", "bold"), msg)
+
+    def error(self, msg: str, hint: str | None = None) -> None:
+        """An error, always shown, with an optional hint line."""
+        self._message("error:", ("red", "bold"), msg)
+        if hint:
+            self._message("hint:", ("yellow",), hint)
+
+    def debug(self, msg: str) -> None:
+        """Shown only with ``verbose >= 1``."""
+        if self.verbose >= 1 and not self.quiet:
+            self._message("debug:", ("dim",), msg)
+
+    def progress(self, total: int | None, label: str, *, unit: str = "episodes") -> Progress:
+        """Shorthand for ``Progress(total, label, self, unit=unit)``."""
+        return Progress(total, label, self, unit=unit)
+
+
+def format_duration(seconds: float) -> str:
+    """``75.2`` -> ``"1:15"``, ``3725`` -> ``"1:02:05"``."""
+    s = max(0, round(seconds))
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
+
+
+def _fmt_field(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+    return str(value)
+
+
+class Progress:
+    """A one-line progress display, live on a TTY and silent otherwise.
+
+    ``update(n=1, **fields)`` adds ``n`` done units and sets extra fields shown after the count
+    (``steps_per_s=41.2``, ``sr=0.5``); ``set(**fields)`` changes fields only. The line shows
+    done/total, percent, rate and ETA. Use as a context manager: leaving clears the line.
+    """
+
+    def __init__(
+        self,
+        total: int | None,
+        label: str,
+        console: Console | None = None,
+        unit: str = "episodes",
+    ) -> None:
+        self.total = total
+        self.label = label
+        self.console = console if console is not None else Console()
+        self.unit = unit
+        self.done = 0
+        self.fields: dict[str, Any] = {}
+        self.live = self.console.is_tty and not self.console.quiet
+        self._t0 = time.monotonic()
+        self._last_draw = 0.0
+        self._drawn = False
+        self._closed = False
+
+    def __enter__(self) -> Progress:
+        if self.live:
+            with self.console.lock:
+                self.console._live = self
+                self._draw(force=True)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @property
+    def elapsed_s(self) -> float:
+        """Seconds since the progress started."""
+        return time.monotonic() - self._t0
+
+    @property
+    def rate(self) -> float:
+        """Done units per second so far."""
+        el = self.elapsed_s
+        return self.done / el if el > 0 else 0.0
+
+    def update(self, n: int = 1, **fields: Any) -> None:
+        """Add ``n`` done units and update the extra fields; redraws at most ~10 times a second."""
+        with self.console.lock:
+            self.done += n
+            self.fields.update(fields)
+            self._draw(force=self.total is not None and self.done >= self.total)
+
+    def set(self, **fields: Any) -> None:
+        """Update the extra fields only."""
+        with self.console.lock:
+            self.fields.update(fields)
+            self._draw()
+
+    def set_total(self, total: int | None) -> None:
+        """Change the total (e.g. once the server says how many episodes there are)."""
+        with self.console.lock:
+            self.total = total
+            self._draw()
+
+    def line(self) -> str:
+        """The progress text (without ``\\r``), also usable as a summary when piped."""
+        parts = [self.label]
+        if self.total:
+            pct = 100.0 * self.done / self.total
+            parts.append(f"{self.done}/{self.total} {self.unit} ({pct:.0f}%)")
+        else:
+            parts.append(f"{self.done} {self.unit}")
+        parts.extend(f"{k}={_fmt_field(v)}" for k, v in self.fields.items())
+        el = self.elapsed_s
+        if self.done and el > 0:
+            parts.append(f"{self.rate:.2f} {self.unit}/s")
+            if self.total and self.done < self.total:
+                parts.append(f"ETA {format_duration((self.total - self.done) / self.rate)}")
+        parts.append(format_duration(el))
+        return "  ".join(parts)
+
+    def summary(self) -> str:
+        """A one-line final summary (``label: 40 episodes in 1:15 (0.53 episodes/s)``)."""
+        return (
+            f"{self.label}: {self.done} {self.unit} in {format_duration(self.elapsed_s)} "
+            f"({self.rate:.2f} {self.unit}/s)"
+        )
+
+    def close(self) -> None:
+        """Clear the line (on a TTY); idempotent."""
+        with self.console.lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self.live:
+                self._clear()
+                self.console.stream.flush()
+            if self.console._live is self:
+                self.console._live = None
+
+    # -- drawing (caller holds console.lock) ---------------------------------------------------
+
+    def _draw(self, *, force: bool = False) -> None:
+        if not self.live or self._closed:
+            return
+        now = time.monotonic()
+        if not force and now - self._last_draw < _REDRAW_S:
+            return
+        self._last_draw = now
+        width = self.console.width() - 1
+        text = self.line()
+        if len(text) > width:
+            text = text[: max(0, width - 1)] + "…"
+        self.console.stream.write("\r\x1b[2K" + text)
+        self.console.stream.flush()
+        self._drawn = True
+
+    def _clear(self) -> None:
+        if self.live and self._drawn:
+            self.console.stream.write("\r\x1b[2K")
+            self._drawn = False
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def table(
+    rows: Iterable[Sequence[Any] | Mapping[str, Any]],
+    headers: Sequence[str],
+    *,
+    float_format: str = "{:.3f}",
+) -> str:
+    """Plain-text table: columns aligned, numbers right-aligned, a dashed rule under the header.
+
+    ``rows`` are sequences in ``headers`` order or mappings keyed by header. ``None`` renders as
+    ``-``. Returns the text with a trailing newline (no ANSI codes, safe to pipe).
+    """
+    cells: list[list[str]] = []
+    numeric = [True] * len(headers)
+    for row in rows:
+        values = [row.get(h) for h in headers] if isinstance(row, Mapping) else list(row)
+        if len(values) != len(headers):
+            raise ValueError(f"row has {len(values)} values for {len(headers)} headers: {values!r}")
+        out = []
+        for i, v in enumerate(values):
+            if v is None:
+                out.append("-")
+                continue
+            if not _is_number(v):
+                numeric[i] = False
+            out.append(float_format.format(v) if isinstance(v, float) else str(v))
+        cells.append(out)
+    widths = [len(h) for h in headers]
+    for r in cells:
+        for i, c in enumerate(r):
+            widths[i] = max(widths[i], len(c))
+
+    def fmt(values: Sequence[str], header: bool = False) -> str:
+        parts = []
+        for i, c in enumerate(values):
+            right = numeric[i] and not header and bool(cells)
+            parts.append(c.rjust(widths[i]) if right or (header and numeric[i] and cells) else c.ljust(widths[i]))
+        return "  ".join(parts).rstrip()
+
+    lines = [fmt(list(headers), header=True), "  ".join("-" * w for w in widths)]
+    lines.extend(fmt(r) for r in cells)
+    return "\n".join(lines) + "\n"

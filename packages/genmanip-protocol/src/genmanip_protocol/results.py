@@ -1,0 +1,796 @@
+"""Results-tree discovery: the one reader of both on-disk layouts (server and client).
+
+Layouts (``docs/architecture.md``):
+
+* **server** ``saved/eval_results/<benchmark>/<run_id>/<task_name>/<seed>/result_info.json`` plus
+  ``result.json`` / ``progress.json`` (metric dicts) and ``<task_name>/<seed>.lock`` files;
+* **client** ``<results_root>/<benchmark>/<run_id>/`` with ``run.json`` and
+  ``<task_name>/<seed>/{steps.jsonl, <camera>.mp4, result.json, INCOMPLETE}``.
+
+An *episode directory* is a directory named like a seed (digits) that holds ``result_info.json``
+(server) or ``result.json`` / ``steps.jsonl`` / ``INCOMPLETE`` (client), or that has a sibling
+``<seed>.lock`` (an episode the server is running now). Its task name is its parent's path
+relative to the run directory. Scans never raise for a bad file: corrupt JSON marks the episode
+incomplete with an ``error``; symlinks that leave the scanned root are skipped with a warning.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import logging
+import os
+import re
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from .schema import TaskMetric, is_success, parse_metric
+
+__all__ = [
+    "EpisodeInfo",
+    "LockInfo",
+    "RunInfo",
+    "RunScanner",
+    "find_episode_dirs",
+    "find_runs",
+    "is_episode_dir",
+    "is_run_dir",
+    "load_episode",
+    "load_run",
+    "read_locks",
+]
+
+log = logging.getLogger(__name__)
+
+Layout = Literal["server", "client"]
+
+#: A lock is stale after this many seconds without a touch (the server's rule).
+LOCK_STALE_AFTER = 300.0
+_SEED = re.compile(r"^\d+$")
+_RUN_MARKERS = ("run.json", "progress.json", "submitted.flag")
+_EPISODE_MARKERS = ("result_info.json", "result.json", "steps.jsonl", "INCOMPLETE")
+_MAX_DEPTH = 16
+
+# (name, is_dir, is_file, is_symlink)
+_Entry = tuple[str, bool, bool, bool]
+
+
+@dataclass(frozen=True)
+class LockInfo:
+    """A server episode lock ``<task_name>/<seed>.lock`` (JSON ``{worker_id, timestamp, pid, host,
+    task_name, seed}``). ``timestamp`` is the newer of the JSON timestamp and the file mtime
+    (epoch seconds); ``stale`` means no touch for ``stale_after`` seconds or the episode is done."""
+
+    path: Path
+    task_name: str
+    seed: str
+    worker_id: str | None
+    timestamp: float
+    pid: int | None
+    host: str | None
+    stale: bool
+
+
+@dataclass(frozen=True)
+class EpisodeInfo:
+    """One episode directory.
+
+    ``complete`` is true once the result file exists and parses (``result_info.json`` for the
+    server layout, ``result.json`` for the client layout). ``score`` is in [0, 1]; ``success`` is
+    ``score == 1`` within 1e-6 (``None`` while incomplete). ``steps`` is the number of executed
+    actions when known. ``videos`` maps camera names (file stems, e.g. ``left_camera``) to mp4
+    files. ``error`` explains a corrupt or unreadable result file. ``mtime`` is epoch seconds.
+    """
+
+    path: Path
+    layout: Layout
+    benchmark: str
+    run_id: str
+    task_name: str
+    seed: str
+    episode_id: str
+    complete: bool
+    score: float | None
+    success: bool | None
+    steps: int | None
+    videos: dict[str, Path]
+    steps_file: Path | None
+    meta_record: Path | None
+    rrd: Path | None
+    mtime: float
+    error: str | None = None
+    instruction: str | None = None
+    robot_id: str | None = None
+    result: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
+
+
+@dataclass
+class RunInfo:
+    """One run directory ``<benchmark>/<run_id>`` of either layout.
+
+    ``created``/``updated`` are epoch seconds (``run.json`` start time when present, else the
+    earliest / latest mtime seen). ``total_episodes`` comes from ``run.json``, else from the
+    metric dict's ``(done/total)`` keys when every task has one. ``live`` is true while any lock is
+    fresh (server) or an ``INCOMPLETE`` episode was written to within the stale window (client).
+    """
+
+    path: Path
+    layout: Layout
+    benchmark: str
+    run_id: str
+    created: float
+    updated: float
+    episodes: list[EpisodeInfo]
+    total_episodes: int | None
+    manifest: dict[str, Any] | None
+    submitted: dict[str, Any] | None
+    locks: list[LockInfo]
+    live: bool
+    metric: dict[str, TaskMetric] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        """``<benchmark>/<run_id>``."""
+        return f"{self.benchmark}/{self.run_id}"
+
+    @property
+    def n_complete(self) -> int:
+        return sum(1 for e in self.episodes if e.complete)
+
+    @property
+    def n_success(self) -> int:
+        return sum(1 for e in self.episodes if e.complete and e.success)
+
+    @property
+    def success_rate(self) -> float | None:
+        """Successes over complete episodes (``None`` when nothing is complete)."""
+        n = self.n_complete
+        return self.n_success / n if n else None
+
+    @property
+    def mean_score(self) -> float | None:
+        """Mean score of complete episodes (``None`` when nothing is complete)."""
+        scores = [e.score for e in self.episodes if e.complete and e.score is not None]
+        return sum(scores) / len(scores) if scores else None
+
+    def tasks(self) -> dict[str, list[EpisodeInfo]]:
+        """Episodes grouped by task name (tasks sorted, seeds sorted)."""
+        out: dict[str, list[EpisodeInfo]] = {}
+        for e in sorted(self.episodes, key=lambda e: (e.task_name, _seed_key(e.seed))):
+            out.setdefault(e.task_name, []).append(e)
+        return out
+
+
+def _seed_key(seed: str) -> tuple[int, str]:
+    return (int(seed), seed) if seed.isdigit() else (1 << 62, seed)
+
+
+# --------------------------------------------------------------------------------------------
+# Directory listing with an mtime-keyed cache (shared by one-shot loads and RunScanner)
+
+
+class _Lister:
+    """Lists directories, reusing a cached listing while the directory's mtime is unchanged."""
+
+    def __init__(self) -> None:
+        self.cache: dict[str, tuple[int, list[_Entry]]] = {}
+        self.seen: set[str] = set()
+
+    def mtime_ns(self, path: Path) -> int | None:
+        try:
+            return os.stat(path).st_mtime_ns
+        except OSError:
+            return None
+
+    def list(self, path: Path) -> list[_Entry]:
+        key = str(path)
+        self.seen.add(key)
+        m = self.mtime_ns(path)
+        if m is None:
+            return []
+        hit = self.cache.get(key)
+        if hit is not None and hit[0] == m:
+            return hit[1]
+        entries: list[_Entry] = []
+        try:
+            with os.scandir(path) as it:
+                for de in it:
+                    try:
+                        is_link = de.is_symlink()
+                        entries.append((de.name, de.is_dir(), de.is_file(), is_link))
+                    except OSError:
+                        continue
+        except OSError as exc:
+            log.warning("cannot list %s: %s", path, exc)
+            return []
+        entries.sort()
+        self.cache[key] = (m, entries)
+        return entries
+
+    def prune(self) -> None:
+        """Forget directories not listed since the last prune (deleted runs)."""
+        for k in list(self.cache):
+            if k not in self.seen:
+                del self.cache[k]
+        self.seen.clear()
+
+
+def _contained(path: Path, root: Path) -> bool:
+    try:
+        path.resolve().relative_to(root)
+    except (ValueError, OSError, RuntimeError):
+        return False
+    return True
+
+
+def _safe_child(parent: Path, entry: _Entry, root: Path) -> Path | None:
+    """The child path, or ``None`` when it is a symlink leaving ``root`` (warned)."""
+    name, _is_dir, _is_file, is_link = entry
+    p = parent / name
+    if is_link and not _contained(p, root):
+        log.warning("skipping %s: symlink leads outside %s", p, root)
+        return None
+    return p
+
+
+def _read_json_file(path: Path) -> tuple[Any, str | None]:
+    """(value, error). A missing file is (None, None)."""
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        return None, f"{path.name}: cannot read ({exc.strerror or exc})"
+    try:
+        return json.loads(raw.decode("utf-8")), None
+    except (UnicodeDecodeError, ValueError) as exc:
+        return None, f"{path.name}: invalid JSON ({exc})"
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return None
+
+
+# --------------------------------------------------------------------------------------------
+# Predicates
+
+
+def is_episode_dir(path: str | os.PathLike[str]) -> bool:
+    """A seed-named directory holding a result file, ``steps.jsonl`` or ``INCOMPLETE``, or with a
+    sibling ``<seed>.lock``."""
+    p = Path(path)
+    if not _SEED.match(p.name) or not p.is_dir():
+        return False
+    if any((p / m).exists() for m in _EPISODE_MARKERS):
+        return True
+    return (p.parent / f"{p.name}.lock").is_file()
+
+
+def _episode_markers(names: set[str]) -> bool:
+    return any(m in names for m in _EPISODE_MARKERS)
+
+
+def is_run_dir(path: str | os.PathLike[str]) -> bool:
+    """True for a ``<benchmark>/<run_id>`` directory of either layout.
+
+    Recognized by ``run.json``, ``progress.json``, ``submitted.flag``, a metric-dict
+    ``result.json`` (not an episode's), or — for a server run that has written none of those yet —
+    a child directory named after the benchmark (task names start with the benchmark id).
+    """
+    p = Path(path)
+    if not p.is_dir() or is_episode_dir(p):
+        return False
+    if any((p / m).is_file() for m in _RUN_MARKERS):
+        return True
+    res = p / "result.json"
+    if res.is_file():
+        value, err = _read_json_file(res)
+        if err is None and isinstance(value, dict) and "score" not in value:
+            return True
+    bench = p.parent.name
+    return bool(bench) and (p / bench).is_dir()
+
+
+# --------------------------------------------------------------------------------------------
+# Episodes
+
+
+def _layout_of_files(names: set[str]) -> Layout:
+    return "server" if "result_info.json" in names else "client"
+
+
+def _count_lines(path: Path) -> int | None:
+    """Complete rows of a JSONL file (a last row still being written does not count)."""
+    try:
+        n = 0
+        with open(path, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                n += chunk.count(b"\n")
+        return n
+    except OSError:
+        return None
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def _build_episode(
+    ep_dir: Path,
+    entries: list[_Entry],
+    *,
+    root: Path,
+    benchmark: str,
+    run_id: str,
+    task_name: str,
+) -> EpisodeInfo:
+    names = {e[0] for e in entries}
+    files: dict[str, Path] = {}
+    for entry in entries:
+        if not entry[2]:  # regular files only (symlinks to files count when inside root)
+            continue
+        child = _safe_child(ep_dir, entry, root)
+        if child is not None:
+            files[entry[0]] = child
+    layout = _layout_of_files(names)
+    seed = ep_dir.name
+    error: str | None = None
+    result: Any = None
+    score: float | None = None
+    steps: int | None = None
+    instruction: str | None = None
+    robot_id: str | None = None
+    episode_id = f"{benchmark}/{run_id}/{task_name}/{seed}"
+    complete = False
+
+    result_name = "result_info.json" if layout == "server" else "result.json"
+    if result_name in files:
+        result, error = _read_json_file(files[result_name])
+        if error is None:
+            if not isinstance(result, dict):
+                error = f"{result_name}: expected a JSON object, got {type(result).__name__}"
+            else:
+                score = _num(result.get("score"))
+                if score is None:
+                    error = f"{result_name}: 'score' is not a number ({result.get('score')!r})"
+                else:
+                    complete = True
+                s = result.get("steps")
+                if isinstance(s, int) and not isinstance(s, bool) and s >= 0:
+                    steps = s
+                if isinstance(result.get("instruction"), str):
+                    instruction = result["instruction"]
+                if isinstance(result.get("robot_id"), str):
+                    robot_id = result["robot_id"]
+        if error is not None:
+            score = None
+            log.warning("episode %s: %s", ep_dir, error)
+
+    steps_file = files.get("steps.jsonl")
+    if steps is None and steps_file is not None:
+        steps = _count_lines(steps_file)
+
+    videos: dict[str, Path] = {}
+    for name in sorted(files):
+        if name.endswith(".mp4") and not name.startswith("."):
+            videos[name[: -len(".mp4")]] = files[name]
+    rrd = files.get("episode.rrd")
+    if rrd is None:
+        rrds = sorted(n for n in files if n.endswith(".rrd"))
+        rrd = files[rrds[0]] if rrds else None
+    mt = _mtime(ep_dir) or 0.0
+    if result_name in files:
+        mt = max(mt, _mtime(files[result_name]) or 0.0)
+    if steps_file is not None:
+        mt = max(mt, _mtime(steps_file) or 0.0)
+    return EpisodeInfo(
+        path=ep_dir,
+        layout=layout,
+        benchmark=benchmark,
+        run_id=run_id,
+        task_name=task_name,
+        seed=seed,
+        episode_id=episode_id,
+        complete=complete,
+        score=score if complete else None,
+        success=is_success(score) if complete else None,
+        steps=steps,
+        videos=videos,
+        steps_file=steps_file,
+        meta_record=files.get("meta_record.pkl"),
+        rrd=rrd,
+        mtime=mt,
+        error=error,
+        instruction=instruction,
+        robot_id=robot_id,
+        result=result if isinstance(result, dict) else None,
+    )
+
+
+def _walk(
+    run_dir: Path, root: Path, lister: _Lister
+) -> tuple[list[tuple[Path, str, list[_Entry]]], list[tuple[Path, str]]]:
+    """Episode dirs (path, task_name, entries) and lock files (path, task_name) under a run."""
+    episodes: list[tuple[Path, str, list[_Entry]]] = []
+    locks: list[tuple[Path, str]] = []
+    visited: set[Path] = set()
+
+    def visit(d: Path, rel: tuple[str, ...], depth: int) -> None:
+        try:
+            real = d.resolve()
+        except (OSError, RuntimeError):
+            return
+        if real in visited or depth > _MAX_DEPTH:
+            return
+        visited.add(real)
+        entries = lister.list(d)
+        lock_seeds = {
+            e[0][: -len(".lock")]
+            for e in entries
+            if e[2] and e[0].endswith(".lock") and _SEED.match(e[0][: -len(".lock")])
+        }
+        if rel:
+            for e in entries:
+                if e[2] and e[0].endswith(".lock") and e[0][: -len(".lock")] in lock_seeds:
+                    p = _safe_child(d, e, root)
+                    if p is not None:
+                        locks.append((p, "/".join(rel)))
+        for e in entries:
+            name, is_dir = e[0], e[1]
+            if not is_dir or name.startswith("."):
+                continue
+            child = _safe_child(d, e, root)
+            if child is None:
+                continue
+            if rel and _SEED.match(name):
+                sub = lister.list(child)
+                if _episode_markers({s[0] for s in sub}) or name in lock_seeds:
+                    episodes.append((child, "/".join(rel), sub))
+                    continue
+            visit(child, (*rel, name), depth + 1)
+
+    visit(run_dir, (), 0)
+    return episodes, locks
+
+
+def find_episode_dirs(run_dir: str | os.PathLike[str]) -> list[Path]:
+    """Every episode directory under ``run_dir``, sorted by (task name, seed)."""
+    rd = Path(run_dir)
+    eps, _ = _walk(rd, rd.resolve(), _Lister())
+    eps.sort(key=lambda t: (t[1], _seed_key(t[0].name)))
+    return [p for p, _, _ in eps]
+
+
+def _find_run_ancestor(ep_dir: Path) -> Path | None:
+    for anc in list(ep_dir.parents)[1:_MAX_DEPTH]:
+        if is_run_dir(anc):
+            return anc
+    return None
+
+
+def load_episode(
+    ep_dir: str | os.PathLike[str], *, run_dir: str | os.PathLike[str] | None = None
+) -> EpisodeInfo:
+    """Read one episode directory. ``run_dir`` defaults to the nearest ancestor that
+    :func:`is_run_dir` accepts (else the grandparent); it fixes benchmark, run id and task name."""
+    ep = Path(ep_dir)
+    rd = Path(run_dir) if run_dir is not None else (_find_run_ancestor(ep) or ep.parent.parent)
+    try:
+        task = ep.parent.relative_to(rd).as_posix()
+    except ValueError:
+        task = ep.parent.name
+    lister = _Lister()
+    bench, run_id = _run_names(rd, _manifest_of(rd)[0])
+    return _build_episode(
+        ep, lister.list(ep), root=rd.resolve(), benchmark=bench, run_id=run_id, task_name=task
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Locks
+
+
+def _lock_info(path: Path, task_name: str, now: float, stale_after: float) -> LockInfo:
+    seed = path.name[: -len(".lock")]
+    data, _err = _read_json_file(path)
+    data = data if isinstance(data, dict) else {}
+    mt = _mtime(path) or 0.0
+    ts_val = _num(data.get("timestamp"))
+    ts = max(mt, ts_val) if ts_val is not None else mt
+    done = (path.parent / seed / "result_info.json").exists()
+    pid = data.get("pid")
+    host = data.get("host")
+    wid = data.get("worker_id")
+    return LockInfo(
+        path=path,
+        task_name=task_name,
+        seed=seed,
+        worker_id=None if wid is None else str(wid),
+        timestamp=ts,
+        pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
+        host=host if isinstance(host, str) else None,
+        stale=done or (now - ts) > stale_after,
+    )
+
+
+def read_locks(
+    run_dir: str | os.PathLike[str],
+    *,
+    now: float | None = None,
+    stale_after: float = LOCK_STALE_AFTER,
+) -> list[LockInfo]:
+    """Every ``<task_name>/<seed>.lock`` under ``run_dir`` with its staleness (sorted by task,
+    seed). ``now`` defaults to ``time.time()``."""
+    rd = Path(run_dir)
+    _, locks = _walk(rd, rd.resolve(), _Lister())
+    t = time.time() if now is None else now
+    out = [_lock_info(p, task, t, stale_after) for p, task in locks]
+    out.sort(key=lambda li: (li.task_name, _seed_key(li.seed)))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Runs
+
+
+def _manifest_of(run_dir: Path) -> tuple[dict[str, Any] | None, str | None]:
+    value, err = _read_json_file(run_dir / "run.json")
+    if err is not None:
+        return None, err
+    if value is not None and not isinstance(value, dict):
+        return None, "run.json: expected a JSON object"
+    return value, None
+
+
+def _run_names(run_dir: Path, manifest: Mapping[str, Any] | None) -> tuple[str, str]:
+    bench = run_dir.parent.name
+    run_id = run_dir.name
+    if manifest:
+        b = manifest.get("benchmark") or manifest.get("benchmark_id")
+        r = manifest.get("run_id")
+        if isinstance(b, str) and b:
+            bench = b
+        if isinstance(r, str) and r:
+            run_id = r
+    return bench, run_id
+
+
+def _epoch(value: Any) -> float | None:
+    """Epoch seconds from a number, an ISO 8601 string or the server's
+    ``%Y-%m-%d_%H_%M_%S_%f`` form."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return _dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        pass
+    try:
+        return _dt.datetime.strptime(value, "%Y-%m-%d_%H_%M_%S_%f").timestamp()
+    except ValueError:
+        pass
+    return None
+
+
+def _load_run(
+    run_dir: Path,
+    root: Path,
+    lister: _Lister,
+    ep_cache: dict[str, tuple[tuple[int | None, ...], EpisodeInfo]] | None,
+    now: float,
+) -> RunInfo:
+    errors: list[str] = []
+    manifest, err = _manifest_of(run_dir)
+    if err:
+        errors.append(err)
+    bench, run_id = _run_names(run_dir, manifest)
+    top = {e[0] for e in lister.list(run_dir)}
+
+    submitted: dict[str, Any] | None = None
+    if "submitted.flag" in top:
+        val, err = _read_json_file(run_dir / "submitted.flag")
+        if err:
+            errors.append(err)
+        submitted = val if isinstance(val, dict) else {}
+
+    metric: dict[str, TaskMetric] = {}
+    metric_file = None
+    for name in ("result.json", "progress.json"):
+        if name in top:
+            metric_file = name
+            val, err = _read_json_file(run_dir / name)
+            if err:
+                errors.append(err)
+                continue
+            try:
+                metric = parse_metric(val, where=name)
+            except Exception as exc:  # ResponseError: report, never stop the scan
+                errors.append(f"{name}: {exc}")
+            break
+    if metric_file is None and manifest and isinstance(manifest.get("metric"), dict):
+        try:
+            metric = parse_metric(manifest["metric"], where="run.json metric")
+        except Exception as exc:
+            errors.append(f"run.json metric: {exc}")
+
+    ep_dirs, lock_paths = _walk(run_dir, root, lister)
+    episodes: list[EpisodeInfo] = []
+    for ep_dir, task, entries in ep_dirs:
+        key = str(ep_dir)
+        names = {e[0] for e in entries}
+        # The signature covers what decides the result: the dir listing and the result files.
+        sig = (
+            lister.mtime_ns(ep_dir),
+            lister.mtime_ns(ep_dir / "result_info.json") if "result_info.json" in names else None,
+            lister.mtime_ns(ep_dir / "result.json") if "result.json" in names else None,
+        )
+        hit = ep_cache.get(key) if ep_cache is not None else None
+        if hit is not None and hit[0] == sig and hit[1].complete and hit[1].task_name == task:
+            episodes.append(hit[1])
+            continue
+        info = _build_episode(
+            ep_dir, entries, root=root, benchmark=bench, run_id=run_id, task_name=task
+        )
+        if ep_cache is not None:
+            ep_cache[key] = (sig, info)
+        episodes.append(info)
+    episodes.sort(key=lambda e: (e.task_name, _seed_key(e.seed)))
+
+    locks = [_lock_info(p, task, now, LOCK_STALE_AFTER) for p, task in lock_paths]
+    locks.sort(key=lambda li: (li.task_name, _seed_key(li.seed)))
+
+    if manifest is not None:
+        layout: Layout = "client"
+    elif any(e.layout == "server" for e in episodes) or locks or metric_file:
+        layout = "server"
+    elif episodes:
+        layout = "client"
+    else:
+        layout = "server" if "eval_results" in run_dir.parts else "client"
+
+    live = any(not li.stale for li in locks)
+    if not live:
+        for e in episodes:
+            if not e.complete and e.layout == "client" and (now - e.mtime) <= LOCK_STALE_AFTER:
+                if (e.path / "INCOMPLETE").exists():
+                    live = True
+                    break
+
+    times = [e.mtime for e in episodes] + [li.timestamp for li in locks]
+    for name in ("run.json", "result.json", "progress.json", "submitted.flag"):
+        if name in top:
+            t = _mtime(run_dir / name)
+            if t is not None:
+                times.append(t)
+    dir_mtime = _mtime(run_dir) or 0.0
+    created = min(times) if times else dir_mtime
+    updated = max([*times, dir_mtime]) if times else dir_mtime
+    if manifest:
+        for k in ("started", "start", "start_time", "created"):
+            t = _epoch(manifest.get(k))
+            if t is not None:
+                created = t
+                break
+
+    total: int | None = None
+    if manifest is not None:
+        t = manifest.get("total_episodes")
+        if isinstance(t, int) and not isinstance(t, bool) and t >= 0:
+            total = t
+    if total is None and metric and all(m.total is not None for m in metric.values()):
+        total = sum(m.total or 0 for m in metric.values())
+
+    return RunInfo(
+        path=run_dir,
+        layout=layout,
+        benchmark=bench,
+        run_id=run_id,
+        created=created,
+        updated=updated,
+        episodes=episodes,
+        total_episodes=total,
+        manifest=manifest,
+        submitted=submitted,
+        locks=locks,
+        live=live,
+        metric=metric,
+        errors=errors,
+    )
+
+
+def load_run(run_dir: str | os.PathLike[str], *, now: float | None = None) -> RunInfo:
+    """Read one run directory (either layout); see :class:`RunInfo`."""
+    rd = Path(run_dir)
+    return _load_run(rd, rd.resolve(), _Lister(), None, time.time() if now is None else now)
+
+
+def _results_roots(root: Path) -> list[Path]:
+    """The results roots inside a project root, or the root itself."""
+    found = [p for p in (root / "saved" / "eval_results", root / "client_results") if p.is_dir()]
+    return found or [root]
+
+
+def _candidate_runs(root: Path, lister: _Lister, real_root: Path) -> list[Path]:
+    if is_run_dir(root):
+        return [root]
+    runs: list[Path] = []
+    for base in _results_roots(root):
+        for e1 in lister.list(base):
+            if not e1[1] or e1[0].startswith("."):
+                continue
+            c1 = _safe_child(base, e1, real_root)
+            if c1 is None:
+                continue
+            if is_run_dir(c1):  # ``base`` is a benchmark directory
+                runs.append(c1)
+                continue
+            for e2 in lister.list(c1):
+                if not e2[1] or e2[0].startswith("."):
+                    continue
+                c2 = _safe_child(c1, e2, real_root)
+                if c2 is not None and is_run_dir(c2):
+                    runs.append(c2)
+    return runs
+
+
+def _sort_runs(runs: Iterable[RunInfo]) -> list[RunInfo]:
+    return sorted(runs, key=lambda r: (-r.created, str(r.path)))
+
+
+def find_runs(root: str | os.PathLike[str], *, now: float | None = None) -> list[RunInfo]:
+    """Every run under ``root``, newest (``created``) first.
+
+    ``root`` may be a project root (holding ``saved/eval_results`` and/or ``client_results``), a
+    results root (``<benchmark>/<run_id>`` below it), a benchmark directory, or a run directory.
+    """
+    r = Path(root)
+    if not r.is_dir():
+        return []
+    lister = _Lister()
+    real = r.resolve()
+    t = time.time() if now is None else now
+    return _sort_runs(_load_run(p, real, lister, None, t) for p in _candidate_runs(r, lister, real))
+
+
+class RunScanner:
+    """Incremental :func:`find_runs` for a results browser that rescans often.
+
+    Directory listings are cached by path + mtime and complete episodes by their directory and
+    result-file mtimes, so a rescan of an unchanged tree only stats directories; incomplete
+    episodes and locks are re-read each time (they change without a directory mtime change).
+    """
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self._lister = _Lister()
+        self._episodes: dict[str, tuple[tuple[int | None, ...], EpisodeInfo]] = {}
+
+    def scan(self, *, now: float | None = None) -> list[RunInfo]:
+        """Rescan; returns the same shape as :func:`find_runs`."""
+        if not self.root.is_dir():
+            return []
+        real = self.root.resolve()
+        t = time.time() if now is None else now
+        runs = [
+            _load_run(p, real, self._lister, self._episodes, t)
+            for p in _candidate_runs(self.root, self._lister, real)
+        ]
+        self._lister.prune()
+        live = {str(e.path) for r in runs for e in r.episodes}
+        for k in list(self._episodes):
+            if k not in live:
+                del self._episodes[k]
+        return _sort_runs(runs)

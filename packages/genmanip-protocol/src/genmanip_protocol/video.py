@@ -1,0 +1,466 @@
+"""H.264 video through an ffmpeg subprocess: write RGB frames, transcode JPEG frames, probe, read back.
+
+Browser-playable output (libx264, yuv420p, ``+faststart``). Writers produce ``<path>.part`` and
+rename it to ``<path>`` only after ffmpeg succeeded, so a crash never leaves a truncated ``.mp4``
+under the final name. ffmpeg comes from the ``imageio-ffmpeg`` wheel when installed (a static
+binary), else from ``PATH``; the command line is built with ffmpeg-python. Both are in the
+``genmanip-protocol[video]`` extra and imported lazily.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any, NamedTuple
+
+import numpy as np
+
+from .errors import ExitCode, GenmanipProtocolError
+
+__all__ = [
+    "FfmpegError",
+    "FfmpegNotFoundError",
+    "VideoError",
+    "VideoInfo",
+    "VideoWriter",
+    "ffmpeg_executable",
+    "probe_video",
+    "read_video_frames",
+    "transcode_jpegs",
+    "video_info",
+]
+
+_EXTRA_HINT = "pip install 'genmanip-protocol[video]'"
+_STDERR_TAIL = 2000
+
+
+class VideoError(GenmanipProtocolError):
+    """Writing, transcoding or reading a video failed."""
+
+    exit_code = ExitCode.FAILURE
+
+
+class FfmpegNotFoundError(VideoError):
+    """No ffmpeg binary (or no ffmpeg-python) is available."""
+
+    exit_code = ExitCode.NOT_INSTALLED
+
+
+class FfmpegError(VideoError):
+    """ffmpeg exited with an error. ``stderr`` holds the tail of its error output."""
+
+    def __init__(self, message: str, *, returncode: int | None, stderr: str, hint: str | None = None) -> None:
+        tail = stderr.strip()
+        full = f"{message}: {tail.splitlines()[-1]}" if tail else message
+        super().__init__(full, hint=hint)
+        self.returncode = returncode
+        self.stderr = tail
+
+
+_ffmpeg_exe: str | None = None
+
+
+def ffmpeg_executable() -> str:
+    """Path of the ffmpeg binary: imageio-ffmpeg's bundled one, else ``ffmpeg`` on PATH.
+
+    ``GMP_FFMPEG`` overrides both. Raises :class:`FfmpegNotFoundError` naming the ``video`` extra.
+    """
+    global _ffmpeg_exe
+    env = os.environ.get("GMP_FFMPEG")
+    if env:
+        if not (os.path.isfile(env) and os.access(env, os.X_OK)):
+            raise FfmpegNotFoundError(f"GMP_FFMPEG={env!r} is not an executable file")
+        return env
+    if _ffmpeg_exe is not None:
+        return _ffmpeg_exe
+    exe: str | None = None
+    try:
+        import imageio_ffmpeg
+
+        exe = imageio_ffmpeg.get_ffmpeg_exe()
+    except Exception:  # not installed, or its binary is missing for this platform
+        exe = None
+    if not exe:
+        exe = shutil.which("ffmpeg")
+    if not exe:
+        raise FfmpegNotFoundError("ffmpeg not found (neither imageio-ffmpeg nor ffmpeg on PATH)", hint=_EXTRA_HINT)
+    _ffmpeg_exe = exe
+    return exe
+
+
+def _ffmpeg_module() -> Any:
+    try:
+        import ffmpeg
+    except ImportError:
+        raise FfmpegNotFoundError("ffmpeg-python is not installed", hint=_EXTRA_HINT) from None
+    if not hasattr(ffmpeg, "input"):  # a different distribution also installs a module named ffmpeg
+        raise FfmpegNotFoundError(
+            "the installed 'ffmpeg' module is not ffmpeg-python",
+            hint="pip uninstall ffmpeg python-ffmpeg; " + _EXTRA_HINT,
+        )
+    return ffmpeg
+
+
+def _x264_output(ff: Any, stream: Any, target: str, *, crf: int, preset: str, threads: int | None) -> Any:
+    # x264 + yuv420p needs even sizes: pad (never scale) by at most one pixel of black.
+    stream = stream.filter("pad", "ceil(iw/2)*2", "ceil(ih/2)*2")
+    # JPEG input decodes to full-range yuvj420p; convert to limited-range yuv420p, which every
+    # browser and player handles (a no-op cost for rgb24 input, which needs the conversion anyway).
+    stream = stream.filter("scale", out_range="tv").filter("format", "yuv420p")
+    kwargs: dict[str, Any] = {
+        "format": "mp4",  # the target ends in .part, so name the container explicitly
+        "vcodec": "libx264",
+        "pix_fmt": "yuv420p",
+        "crf": crf,
+        "preset": preset,
+        "movflags": "+faststart",
+    }
+    if threads is not None:
+        kwargs["threads"] = threads
+    return stream.output(target, **kwargs).global_args("-nostdin", "-loglevel", "error").overwrite_output()
+
+
+def _check_params(fps: float, crf: int, preset: str) -> None:
+    if not (isinstance(fps, (int, float)) and 0 < fps <= 1000):
+        raise VideoError(f"fps: expected a number in (0, 1000], got {fps!r}")
+    if not (isinstance(crf, int) and 0 <= crf <= 51):
+        raise VideoError(f"crf: expected an int in 0..51, got {crf!r}")
+    if preset not in {
+        "ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow",
+    }:  # fmt: skip
+        raise VideoError(f"preset: unknown x264 preset {preset!r}")
+
+
+def _read_tail(f: IO[bytes]) -> str:
+    try:
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        f.seek(max(0, size - _STDERR_TAIL))
+        return f.read().decode("utf-8", "replace")
+    except (OSError, ValueError):
+        return ""
+
+
+class _FfmpegProcess:
+    """An ffmpeg child with stdin piped and stderr in a temp file (no pipe to deadlock on)."""
+
+    def __init__(self, args: list[str], *, nice: int | None) -> None:
+        self.stderr_file = tempfile.TemporaryFile()
+        try:
+            self.proc = subprocess.Popen(
+                args, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=self.stderr_file
+            )
+        except OSError as exc:
+            self.stderr_file.close()
+            raise FfmpegNotFoundError(f"cannot run ffmpeg ({args[0]}): {exc}", hint=_EXTRA_HINT) from None
+        if nice:
+            # Lower the encoder's priority so recording never competes with the policy for CPU.
+            try:
+                os.setpriority(os.PRIO_PROCESS, self.proc.pid, max(0, min(19, os.getpriority(os.PRIO_PROCESS, 0) + nice)))
+            except (AttributeError, OSError):
+                pass
+
+    def write(self, data: bytes | memoryview) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(data)
+
+    def finish(self, timeout: float | None) -> tuple[int, str]:
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.close()
+            except BrokenPipeError:
+                pass
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            rc = self.proc.wait()
+            tail = _read_tail(self.stderr_file)
+            self.stderr_file.close()
+            return rc if rc is not None else -9, f"{tail}\nffmpeg did not finish within {timeout}s"
+        tail = _read_tail(self.stderr_file)
+        self.stderr_file.close()
+        return rc, tail
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        try:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        except OSError:
+            pass
+        self.proc.wait()
+
+
+def _part_path(path: Path) -> Path:
+    return path.with_name(path.name + ".part")
+
+
+def _prepare_target(path: str | os.PathLike[str]) -> tuple[Path, Path]:
+    p = Path(path)
+    if not p.parent.is_dir():
+        raise VideoError(f"cannot write {p}: directory {p.parent} does not exist")
+    return p, _part_path(p)
+
+
+class VideoWriter:
+    """Encode ``(height, width, 3)`` uint8 RGB frames to an H.264 mp4 (yuv420p, ``+faststart``).
+
+    Frames are piped raw (rgb24) to ffmpeg. Odd sizes are padded by one black pixel to even ones.
+    The file appears under ``path`` only when :meth:`close` succeeds; until then it is
+    ``<path>.part``. As a context manager, an exception inside the block aborts (the ``.part`` file
+    is removed) instead of finishing. ``nice`` (e.g. 10) lowers the encoder's CPU priority.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        width: int,
+        height: int,
+        fps: float = 30,
+        crf: int = 23,
+        preset: str = "ultrafast",
+        *,
+        nice: int | None = None,
+        threads: int | None = None,
+        timeout: float | None = 300.0,
+    ) -> None:
+        for name, v in (("width", width), ("height", height)):
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or not 0 < v <= 16384:
+                raise VideoError(f"{name}: expected an int in 1..16384, got {v!r}")
+        _check_params(fps, crf, preset)
+        self.path, self.part = _prepare_target(path)
+        self.width, self.height, self.fps = int(width), int(height), fps
+        self.frames_written = 0
+        self._timeout = timeout
+        self._frame_shape = (self.height, self.width, 3)
+        self._closed = False
+        ff = _ffmpeg_module()
+        stream = ff.input("pipe:", format="rawvideo", pix_fmt="rgb24", s=f"{self.width}x{self.height}", framerate=fps)
+        args = _x264_output(ff, stream, str(self.part), crf=crf, preset=preset, threads=threads).compile(
+            cmd=ffmpeg_executable()
+        )
+        self._proc = _FfmpegProcess(args, nice=nice)
+
+    def __enter__(self) -> VideoWriter:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def write(self, frame: np.ndarray) -> None:
+        """Append one ``(height, width, 3)`` uint8 RGB frame (blocks while ffmpeg catches up)."""
+        if self._closed:
+            raise VideoError(f"write to a closed VideoWriter ({self.path})")
+        if not isinstance(frame, np.ndarray) or frame.shape != self._frame_shape or frame.dtype != np.uint8:
+            got = f"{frame.shape} {frame.dtype}" if isinstance(frame, np.ndarray) else type(frame).__name__
+            raise VideoError(f"frame {self.frames_written}: expected a {self._frame_shape} uint8 array, got {got}")
+        data = np.ascontiguousarray(frame)
+        try:
+            self._proc.write(memoryview(data).cast("B"))
+        except (BrokenPipeError, ValueError, OSError):
+            self._closed = True
+            rc, tail = self._proc.finish(timeout=10)
+            _unlink(self.part)
+            raise FfmpegError(f"ffmpeg stopped while writing {self.path}", returncode=rc, stderr=tail) from None
+        self.frames_written += 1
+
+    def close(self) -> Path | None:
+        """Finish the file and move it to ``path``; returns the path, or None if no frame was
+        written (no file is created then). Raises :class:`FfmpegError` with ffmpeg's stderr tail."""
+        if self._closed:
+            return self.path if self.path.exists() and self.frames_written else None
+        self._closed = True
+        if self.frames_written == 0:
+            self._proc.kill()
+            self._proc.finish(timeout=10)
+            _unlink(self.part)
+            return None
+        rc, tail = self._proc.finish(timeout=self._timeout)
+        if rc != 0 or not self.part.exists():
+            _unlink(self.part)
+            raise FfmpegError(f"ffmpeg failed to encode {self.path} (exit {rc})", returncode=rc, stderr=tail)
+        os.replace(self.part, self.path)
+        return self.path
+
+    def abort(self) -> None:
+        """Stop ffmpeg and delete the partial file (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._proc.kill()
+        self._proc.finish(timeout=10)
+        _unlink(self.part)
+
+    def __del__(self) -> None:  # a writer dropped without close(): never leave ffmpeg running
+        try:
+            if not self._closed:
+                self.abort()
+        except Exception:
+            pass
+
+
+def _unlink(p: Path) -> None:
+    try:
+        p.unlink()
+    except FileNotFoundError:
+        pass
+
+
+def transcode_jpegs(
+    frames: Iterable[bytes | Any],
+    path: str | os.PathLike[str],
+    fps: float = 30,
+    *,
+    crf: int = 23,
+    preset: str = "ultrafast",
+    nice: int | None = None,
+    threads: int | None = None,
+    timeout: float | None = 300.0,
+) -> int:
+    """Encode a sequence of JPEG frames (``bytes`` or :class:`JpegFrame`) to an H.264 mp4.
+
+    The JPEG bytes go straight to ffmpeg (``-f image2pipe -c:v mjpeg``), so Python never decodes
+    them. Atomic like :class:`VideoWriter`. Returns the number of frames; with zero frames no file
+    is created and 0 is returned.
+    """
+    _check_params(fps, crf, preset)
+    target, part = _prepare_target(path)
+    it = iter(frames)
+    first = next(it, None)
+    if first is None:
+        return 0
+    ff = _ffmpeg_module()
+    stream = ff.input("pipe:", format="image2pipe", vcodec="mjpeg", framerate=fps)
+    args = _x264_output(ff, stream, str(part), crf=crf, preset=preset, threads=threads).compile(
+        cmd=ffmpeg_executable()
+    )
+    proc = _FfmpegProcess(args, nice=nice)
+    n = 0
+    try:
+        for item in _chain(first, it):
+            data = getattr(item, "data", item)
+            if not isinstance(data, (bytes, bytearray, memoryview)):
+                raise VideoError(f"frame {n}: expected JPEG bytes or a JpegFrame, got {type(item).__name__}")
+            try:
+                proc.write(data)
+            except (BrokenPipeError, OSError):
+                rc, tail = proc.finish(timeout=10)
+                raise FfmpegError(f"ffmpeg stopped while transcoding to {target}", returncode=rc, stderr=tail) from None
+            n += 1
+    except BaseException:
+        proc.kill()
+        proc.finish(timeout=10)
+        _unlink(part)
+        raise
+    rc, tail = proc.finish(timeout=timeout)
+    if rc != 0 or not part.exists():
+        _unlink(part)
+        raise FfmpegError(f"ffmpeg failed to transcode JPEG frames to {target} (exit {rc})", returncode=rc, stderr=tail)
+    os.replace(part, target)
+    return n
+
+
+def _chain(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
+    yield first
+    yield from rest
+
+
+class VideoInfo(NamedTuple):
+    """What :func:`video_info` reports about a file's first video stream."""
+
+    n_frames: int
+    width: int
+    height: int
+    codec: str
+    pix_fmt: str
+    fps: float
+
+
+_STREAM_RE = re.compile(r"Stream #\d+:\d+[^:]*: Video: (?P<codec>\w+)[^,]*, (?P<pix>\w+)(?:\([^)]*\))?,[^\n]*?(?P<w>\d+)x(?P<h>\d+)")
+_FPS_RE = re.compile(r"(?P<fps>[\d.]+) fps")
+
+
+def video_info(path: str | os.PathLike[str], *, timeout: float = 120.0) -> VideoInfo:
+    """Frame count, size, codec name, pixel format and frame rate of ``path``'s first video stream.
+
+    Frames are counted by remuxing to the null muxer (no decoding), so it is fast for long files.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise VideoError(f"no such video file: {p}")
+    args = [
+        ffmpeg_executable(), "-nostdin", "-hide_banner", "-i", str(p), "-map", "0:v:0", "-c", "copy",
+        "-f", "null", "-progress", "pipe:1", "-nostats", "-",
+    ]  # fmt: skip
+    try:
+        res = subprocess.run(args, capture_output=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        raise VideoError(f"probing {p} took longer than {timeout}s") from None
+    err = res.stderr.decode("utf-8", "replace")
+    if res.returncode != 0:
+        raise FfmpegError(f"ffmpeg cannot read {p}", returncode=res.returncode, stderr=err[-_STDERR_TAIL:])
+    m = _STREAM_RE.search(err)
+    if m is None:
+        raise VideoError(f"{p} has no video stream")
+    frames = [int(x) for x in re.findall(r"^frame=(\d+)", res.stdout.decode("ascii", "replace"), re.M)]
+    fps_m = _FPS_RE.search(err[m.start() :].split("\n", 1)[0])
+    return VideoInfo(
+        n_frames=frames[-1] if frames else 0,
+        width=int(m.group("w")),
+        height=int(m.group("h")),
+        codec=m.group("codec"),
+        pix_fmt=m.group("pix"),
+        fps=float(fps_m.group("fps")) if fps_m else 0.0,
+    )
+
+
+def probe_video(path: str | os.PathLike[str]) -> tuple[int, int, int]:
+    """``(n_frames, width, height)`` of ``path``'s first video stream."""
+    info = video_info(path)
+    return info.n_frames, info.width, info.height
+
+
+def read_video_frames(path: str | os.PathLike[str]) -> Iterator[np.ndarray]:
+    """Yield the frames of ``path`` as ``(H, W, 3)`` uint8 RGB arrays, decoded by ffmpeg.
+
+    Stopping the iteration early (``break``, ``close()``) stops ffmpeg.
+    """
+    info = video_info(path)
+    frame_bytes = info.width * info.height * 3
+    args = [
+        ffmpeg_executable(), "-nostdin", "-loglevel", "error", "-i", str(path), "-map", "0:v:0",
+        "-f", "rawvideo", "-pix_fmt", "rgb24", "pipe:1",
+    ]  # fmt: skip
+    with tempfile.TemporaryFile() as errf:
+        proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errf)
+        assert proc.stdout is not None
+        finished = False
+        try:
+            while True:
+                buf = proc.stdout.read(frame_bytes)
+                if not buf:
+                    break
+                if len(buf) != frame_bytes:
+                    raise VideoError(f"{path}: truncated frame ({len(buf)} of {frame_bytes} bytes)")
+                yield np.frombuffer(buf, dtype=np.uint8).reshape(info.height, info.width, 3)
+            finished = True
+        finally:
+            if not finished and proc.poll() is None:
+                proc.kill()
+            proc.stdout.close()
+            rc = proc.wait()
+        if rc != 0:
+            raise FfmpegError(f"ffmpeg failed to decode {path}", returncode=rc, stderr=_read_tail(errf))

@@ -1,0 +1,458 @@
+"""HttpTransport against real servers on 127.0.0.1 (stdlib ThreadingHTTPServer and uvicorn)."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import json
+import logging
+import pickle
+import socket
+import ssl
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterator
+
+import pytest
+from genmanip_protocol import transport as transport_mod
+from genmanip_protocol.errors import (
+    AuthError,
+    ConfigError,
+    ConnectError,
+    DecodeError,
+    ExitCode,
+    HTTPStatusError,
+    RequestTimeout,
+    TransportError,
+)
+from genmanip_protocol.transport import HttpTransport, build_base_url, is_loopback_host
+
+TOKEN = "s3cret-token-value"
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    def setup(self) -> None:
+        super().setup()
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.server.idle_timeout:
+            self.connection.settimeout(self.server.idle_timeout)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def _reply(self, status: int, body: bytes, ctype: str = "application/json",
+               close: bool = False) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        if close:
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _handle(self) -> None:
+        url = urllib.parse.urlsplit(self.path)
+        q = dict(urllib.parse.parse_qsl(url.query))
+        n = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(n) if n else b""
+        srv = self.server
+        with srv.lock:
+            srv.hits[url.path] = srv.hits.get(url.path, 0) + 1
+            hit = srv.hits[url.path]
+        path = url.path
+        if path == "/echo":
+            info = {
+                "method": self.command,
+                "path": path,
+                "query": q,
+                "port": self.client_address[1],
+                "auth": self.headers.get("Authorization"),
+                "ctype": self.headers.get("Content-Type"),
+                "run_id": self.headers.get("run_id"),
+                "body_sha": hashlib.sha256(body).hexdigest(),
+                "body_len": len(body),
+            }
+            self._reply(200, json.dumps(info).encode())
+        elif path == "/sleep":
+            time.sleep(float(q.get("s", "1")))
+            self._reply(200, b'{"slept": true}')
+        elif path == "/error500":
+            self._reply(500, json.dumps({"detail": "ValueError: No job started. Call start_new_job first."}).encode())
+        elif path == "/text500":
+            self._reply(500, b"Internal Server Error", "text/plain")
+        elif path == "/auth":
+            # A careless server echoing the credential back must not make gmp print it.
+            detail = f"invalid token {self.headers.get('Authorization', '')}"
+            self._reply(401, json.dumps({"detail": detail}).encode())
+        elif path == "/big":
+            self._reply(200, bytes(range(256)) * (int(q["n"]) // 256), "application/octet-stream")
+        elif path == "/flaky":
+            if hit == 1:
+                # Read the request, then hang up without a single reply byte.
+                self.close_connection = True
+                return
+            self._reply(200, b'{"second": true}')
+        elif path == "/closing":
+            self._reply(200, b'{"closing": true}', close=True)
+        elif path == "/notjson":
+            self._reply(200, b"<html>oops</html>", "text/html")
+        elif path == "/upload":
+            self._reply(200, json.dumps({
+                "ctype": self.headers.get("Content-Type"),
+                "len": len(body),
+                "raw": body.decode("latin-1"),
+            }).encode())
+        else:
+            self._reply(404, b'{"detail": "Not Found"}')
+
+    do_GET = _handle
+    do_POST = _handle
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, idle_timeout: float | None = None) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.idle_timeout = idle_timeout
+        self.hits: dict[str, int] = {}
+        self.lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+@pytest.fixture
+def server() -> Iterator[_Server]:
+    srv = _Server()
+    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    t.start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+@pytest.fixture
+def idle_server() -> Iterator[_Server]:
+    """Closes a keep-alive connection after 0.3 s idle, like uvicorn does after 5 s."""
+    srv = _Server(idle_timeout=0.3)
+    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    t.start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_keepalive_reuses_one_socket(server: _Server) -> None:
+    with HttpTransport(server.url) as t:
+        ports = {t.get("/echo").json()["port"] for _ in range(20)}
+        ports |= {t.post("/echo", body=b"x" * 100).json()["port"] for _ in range(5)}
+    assert len(ports) == 1
+    assert t.connections_opened == 1
+
+
+def test_request_shapes_query_json_and_large_body(server: _Server) -> None:
+    big = bytes(range(256)) * 4096  # 1 MiB: above the single-send limit, sent with sendall
+    with HttpTransport(server.url + "/", headers={"run_id": "r1"}) as t:
+        r = t.post("/echo", json={"data": {"worker_ids": ["0"]}}, query={"run_id": "r1", "x": None})
+        info = r.json()
+        assert info["query"] == {"run_id": "r1"}
+        assert info["ctype"] == "application/json"
+        assert info["run_id"] == "r1"
+        assert info["auth"] is None
+        assert r.ok and r.status == 200 and r.elapsed_s > 0
+        info = t.post("/echo", body=big, content_type="application/octet-stream").json()
+        assert info["body_len"] == len(big)
+        assert info["body_sha"] == hashlib.sha256(big).hexdigest()
+        n = 3 * 480 * 640 * 3
+        r = t.get("/big", query={"n": n})
+        assert len(r.body) == n - n % 256
+        assert r.body[:4] == b"\x00\x01\x02\x03"
+
+
+def test_base_url_prefix_is_kept(server: _Server) -> None:
+    with HttpTransport(server.url + "/prefix/") as t:
+        r = t.get("/echo", raise_for_status=False)
+    assert r.status == 404  # path became /prefix/echo
+
+
+def test_reconnects_after_server_closed_idle_connection(idle_server: _Server) -> None:
+    with HttpTransport(idle_server.url) as t:
+        p1 = t.get("/echo").json()["port"]
+        time.sleep(0.6)  # server hangs up at 0.3 s; our idle threshold (4 s) is not reached
+        # A POST is not idempotent: it must still succeed because the dead socket is noticed
+        # before sending, not after.
+        p2 = t.post("/echo", body=b"step").json()["port"]
+    assert p1 != p2
+    assert t.connections_opened == 2
+    assert idle_server.hits["/echo"] == 2
+
+
+def test_reconnects_proactively_after_long_idle(server: _Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(transport_mod, "IDLE_RECONNECT_S", 0.05)
+    with HttpTransport(server.url) as t:
+        p1 = t.get("/echo").json()["port"]
+        time.sleep(0.1)
+        p2 = t.get("/echo").json()["port"]
+    assert p1 != p2
+
+
+def test_connection_close_header_reconnects_quietly(server: _Server) -> None:
+    with HttpTransport(server.url) as t:
+        t.get("/closing")
+        t.post("/echo", body=b"a")
+    assert t.connections_opened == 2
+
+
+def test_dead_reused_connection_resends_only_idempotent(server: _Server) -> None:
+    with HttpTransport(server.url) as t:
+        t.get("/echo")
+        r = t.request("POST", "/flaky", body=b"reset", idempotent=True)
+        assert r.json() == {"second": True}
+    assert server.hits["/flaky"] == 2
+
+
+def test_dead_reused_connection_never_replays_step(server: _Server) -> None:
+    with HttpTransport(server.url) as t:
+        t.get("/echo")
+        with pytest.raises(TransportError) as ei:
+            t.post("/flaky", body=b"step", route_name="/step")
+        err = ei.value
+        assert err.sent and err.maybe_executed
+        assert err.route == "/step"
+        assert "/step" in str(err)
+        # The transport stays usable.
+        assert t.get("/echo").status == 200
+    assert server.hits["/flaky"] == 1
+
+
+def test_timeout_names_route_and_limit(server: _Server) -> None:
+    with HttpTransport(server.url, timeout=5) as t:
+        with pytest.raises(RequestTimeout) as ei:
+            t.post("/sleep", query={"s": "1.0"}, body=b"", timeout=0.2, route_name="/step")
+        assert str(ei.value) == "POST /step timed out after 0.2 s"
+        assert ei.value.timeout == pytest.approx(0.2)
+        assert ei.value.exit_code == ExitCode.TIMEOUT
+        assert ei.value.maybe_executed
+        # The late reply of the timed-out call must not be read as the next call's reply.
+        assert t.get("/echo").json()["path"] == "/echo"
+
+
+def test_status_error_carries_detail(server: _Server) -> None:
+    with HttpTransport(server.url) as t:
+        with pytest.raises(HTTPStatusError) as ei:
+            t.post("/error500", json={})
+        e = ei.value
+        assert e.status == 500
+        assert e.detail == "ValueError: No job started. Call start_new_job first."
+        assert "HTTP 500" in str(e) and "No job started" in str(e)
+        assert e.maybe_executed and e.exit_code == ExitCode.REMOTE_ERROR
+        with pytest.raises(HTTPStatusError) as ei:
+            t.get("/text500")
+        assert ei.value.detail == "Internal Server Error"
+        r = t.get("/error500", raise_for_status=False)
+        assert r.status == 500 and r.detail().startswith("ValueError")
+        with pytest.raises(HTTPStatusError):
+            r.raise_for_status()
+
+
+def test_auth_error_never_shows_token(server: _Server, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    with HttpTransport(server.url, token=TOKEN) as t:
+        assert t.get("/echo").json()["auth"] == f"Bearer {TOKEN}"
+        with pytest.raises(AuthError) as ei:
+            t.get("/auth")
+        assert TOKEN not in repr(t)
+    e = ei.value
+    assert e.status == 401 and e.exit_code == ExitCode.AUTH
+    for text in (str(e), e.detail, repr(e), e.hint or "", caplog.text):
+        assert TOKEN not in text
+    assert "***" in e.detail
+
+
+def test_connection_refused_is_connect_error() -> None:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there now
+    t = HttpTransport(f"http://127.0.0.1:{port}", timeout=2)
+    with pytest.raises(ConnectError) as ei:
+        t.post("/step", body=b"x")
+    assert ei.value.sent is False and ei.value.maybe_executed is False
+    assert ei.value.exit_code == ExitCode.UNREACHABLE
+    assert "connection refused" in str(ei.value)
+
+
+def test_non_json_reply_is_decode_error(server: _Server) -> None:
+    with HttpTransport(server.url) as t:
+        r = t.get("/notjson")
+        with pytest.raises(DecodeError, match="GET /notjson: reply is not JSON"):
+            r.json()
+
+
+def test_multipart_streams_file_with_progress(server: _Server, tmp_path) -> None:
+    payload = bytes(range(256)) * 9000  # ~2.3 MB: several chunks
+    f = tmp_path / "run.zip"
+    f.write_bytes(payload)
+    seen: list[int] = []
+    with HttpTransport(server.url) as t:
+        r = t.request_multipart(
+            "/upload",
+            {"submission_name": 'my "model"', "leaderboard_name": "lb"},
+            {"file": ("run.zip", f, "application/zip")},
+            progress=seen.append,
+        )
+    info = r.json()
+    assert info["ctype"].startswith("multipart/form-data; boundary=gmp-")
+    raw = info["raw"].encode("latin-1")
+    assert payload in raw
+    assert b'name="submission_name"\r\n\r\nmy "model"\r\n' in raw
+    assert b'filename="run.zip"' in raw
+    assert seen == sorted(seen) and seen[-1] == info["len"]
+    assert len(seen) >= 3
+
+
+def test_plain_http_token_warning(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="genmanip_protocol.transport")
+    HttpTransport("http://127.0.0.1:9", token=TOKEN)
+    assert "plain http" not in caplog.text
+    HttpTransport("http://example.invalid:8087", token=TOKEN)
+    HttpTransport("http://example.invalid:8087", token=TOKEN)
+    assert caplog.text.count("plain http://") == 1
+    assert TOKEN not in caplog.text
+
+
+def test_bad_urls_are_config_errors() -> None:
+    for url in ("ftp://x", "http://user:pw@host", "http://", "http://h:notaport"):
+        with pytest.raises(ConfigError):
+            HttpTransport(url)
+    with pytest.raises(ConfigError):
+        HttpTransport("http://h", timeout=0)
+
+
+def test_build_base_url_and_loopback() -> None:
+    assert build_base_url("http://a:1/") == "http://a:1"
+    assert build_base_url("a:1") == "http://a:1"
+    assert build_base_url(None, "127.0.0.1", 8087) == "http://127.0.0.1:8087"
+    assert build_base_url(None, "::1", 8087) == "http://[::1]:8087"
+    with pytest.raises(ConfigError, match="--url"):
+        build_base_url(None, None, None)
+    assert is_loopback_host("localhost") and is_loopback_host("127.0.0.2")
+    assert is_loopback_host("[::1]") and not is_loopback_host("10.0.0.1")
+
+
+def test_pickled_transport_has_no_socket_and_reconnects(server: _Server) -> None:
+    t = HttpTransport(server.url, token=TOKEN)
+    t.get("/echo")
+    t2 = pickle.loads(pickle.dumps(t))
+    assert t2.get("/echo").json()["auth"] == f"Bearer {TOKEN}"
+    t.close()
+    t2.close()
+
+
+def test_threads_share_a_transport_safely(server: _Server) -> None:
+    errors: list[BaseException] = []
+    with HttpTransport(server.url) as t:
+        def work(i: int) -> None:
+            try:
+                for _ in range(10):
+                    info = t.post("/echo", body=str(i).encode()).json()
+                    assert info["body_sha"] == hashlib.sha256(str(i).encode()).hexdigest()
+            except BaseException as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    assert not errors
+
+
+# -- TLS --------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tls_server(tmp_path) -> Iterator[tuple[_Server, str]]:
+    import trustme
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    srv = _Server()
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    cert.configure_cert(ctx)
+    srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    t.start()
+    yield srv, str(ca_file)
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_tls_verifies_with_ca_file_and_refuses_without(tls_server: tuple[_Server, str]) -> None:
+    srv, ca_file = tls_server
+    url = f"https://127.0.0.1:{srv.server_address[1]}"
+    with HttpTransport(url, ca_file=ca_file, token=TOKEN) as t:
+        assert t.get("/echo").json()["auth"] == f"Bearer {TOKEN}"
+        assert t.get("/echo").status == 200
+        assert t.connections_opened == 1
+    with HttpTransport(url, timeout=3) as t, pytest.raises(ConnectError) as ei:
+        t.get("/echo")
+    assert "certificate" in str(ei.value)
+    assert "--ca-cert" in (ei.value.hint or "")
+
+
+# -- uvicorn (what the testbed and the real server run) --------------------------------------
+
+
+@pytest.fixture
+def uvicorn_url() -> Iterator[str]:
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
+    async def echo(request: Request) -> Response:
+        body = await request.body()
+        client = request.client
+        return JSONResponse({"len": len(body), "port": client.port if client else None})
+
+    async def step(request: Request) -> Response:
+        body = await request.body()
+        return Response(body * 2, media_type="application/octet-stream")
+
+    app = Starlette(routes=[Route("/echo", echo, methods=["GET", "POST"]),
+                            Route("/step", step, methods=["POST"])])
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(app, log_level="warning", timeout_keep_alive=1, lifespan="off")
+    srv = uvicorn.Server(config)
+    th = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
+    th.start()
+    deadline = time.monotonic() + 10
+    while not srv.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.01)
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    srv.should_exit = True
+    th.join(5)
+
+
+def test_uvicorn_keepalive_and_idle_close(uvicorn_url: str) -> None:
+    with HttpTransport(uvicorn_url) as t:
+        ports = {t.get("/echo").json()["port"] for _ in range(10)}
+        assert len(ports) == 1
+        r = t.post("/step", body=b"ab" * 1000)
+        assert r.body == b"ab" * 2000
+        time.sleep(1.6)  # uvicorn's keep-alive timeout here is 1 s
+        r = t.post("/step", body=b"z")
+        assert r.body == b"zz"
+    assert t.connections_opened == 2

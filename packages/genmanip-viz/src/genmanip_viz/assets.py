@@ -1,0 +1,143 @@
+"""The Rerun web viewer (HTML + JS + Wasm), taken from the installed rerun-sdk and cached once.
+
+rerun-sdk embeds its web viewer in the native extension and only exposes it through its own small HTTP
+server. The first time it is needed we start that server in a child process on a free loopback port,
+download the handful of files, strip the external font links (the browser must not reach out to a CDN:
+the viewer works offline), store a gzip copy of the ~40 MB Wasm next to the original, and stop the
+child. Later runs read the cache directory, keyed by the rerun-sdk version.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from .errors import ViewerAssetsError, VizDependencyError
+
+__all__ = ["VIEWER_FILES", "cache_root", "ensure_viewer_assets", "rerun_version"]
+
+#: Files of the web viewer that are fetched and served (``index.html`` is patched).
+VIEWER_FILES = ("index.html", "re_viewer.js", "re_viewer_bg.wasm", "favicon.ico")
+
+_EXTERNAL_LINK = re.compile(r"<link\b[^>]*https?://[^>]*>\s*", re.IGNORECASE | re.DOTALL)
+_SERVE_SNIPPET = (
+    "import sys, time, rerun as rr\n"
+    "rr.serve_web_viewer(web_port=int(sys.argv[1]), open_browser=False)\n"
+    "time.sleep(float(sys.argv[2]))\n"
+)
+
+
+def cache_root() -> Path:
+    """The user cache directory of genmanip-viz (``$GMP_CACHE_DIR`` or ``$XDG_CACHE_HOME/genmanip``)."""
+    env = os.environ.get("GMP_CACHE_DIR")
+    if env:
+        return Path(env) / "viz"
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "genmanip" / "viz"
+
+
+def rerun_version() -> str:
+    """The installed rerun-sdk version (raises :class:`VizDependencyError` when it is missing)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("rerun-sdk")
+    except metadata.PackageNotFoundError as exc:
+        raise VizDependencyError(
+            "the Rerun web viewer needs rerun-sdk 0.41", hint="pip install 'genmanip-viz'"
+        ) from exc
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _fetch(url: str, timeout: float) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - loopback URL built here
+        return bytes(resp.read())
+
+
+def _patch_index(html: str) -> str:
+    # Drop the Google Fonts links: offline use, no third-party requests from the viewer page.
+    return _EXTERNAL_LINK.sub("", html)
+
+
+def _extract(dest: Path, timeout: float) -> None:
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SERVE_SNIPPET, str(port), str(timeout + 5)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "RERUN_ANALYTICS": "0"},
+    )
+    try:
+        base = f"http://127.0.0.1:{port}/"
+        deadline = time.monotonic() + timeout
+        index = b""
+        while True:
+            try:
+                index = _fetch(base + "index.html", timeout=5)
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    err = (proc.stderr.read() if proc.stderr else b"").decode(errors="replace")
+                    raise ViewerAssetsError(
+                        "could not start rerun-sdk's web viewer server to extract the viewer files"
+                        + (f": {err.strip()[-500:]}" if err.strip() else ""),
+                        hint="check that rerun-sdk 0.41 is installed and importable",
+                    ) from None
+                time.sleep(0.1)
+        tmp = dest.with_name(dest.name + f".tmp-{os.getpid()}")
+        tmp.mkdir(parents=True, exist_ok=True)
+        (tmp / "index.html").write_text(_patch_index(index.decode("utf-8")), encoding="utf-8")
+        for name in VIEWER_FILES[1:]:
+            (tmp / name).write_bytes(_fetch(base + name, timeout=60))
+        wasm = (tmp / "re_viewer_bg.wasm").read_bytes()
+        (tmp / "re_viewer_bg.wasm.gz").write_bytes(gzip.compress(wasm, compresslevel=6, mtime=0))
+        try:
+            tmp.rename(dest)
+        except OSError:
+            # Another process extracted concurrently; keep theirs.
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not (dest / "index.html").is_file():
+                raise
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stderr:
+            proc.stderr.close()
+
+
+def ensure_viewer_assets(*, cache_dir: Path | None = None, timeout: float = 60.0) -> Path:
+    """Return a directory holding :data:`VIEWER_FILES` (+ ``re_viewer_bg.wasm.gz``), extracting once.
+
+    ``cache_dir`` defaults to :func:`cache_root`. Raises :class:`ViewerAssetsError` when rerun-sdk's
+    viewer server cannot be started or does not deliver the files within ``timeout`` seconds.
+    """
+    root = Path(cache_dir) if cache_dir is not None else cache_root()
+    dest = root / f"rerun-web-{rerun_version()}"
+    if all((dest / n).is_file() for n in (*VIEWER_FILES, "re_viewer_bg.wasm.gz")):
+        return dest
+    root.mkdir(parents=True, exist_ok=True)
+    if dest.exists():
+        import shutil
+
+        shutil.rmtree(dest)
+    _extract(dest, timeout)
+    return dest

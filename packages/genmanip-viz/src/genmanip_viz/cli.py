@@ -1,0 +1,129 @@
+"""Handlers of ``gmp viz`` (:func:`serve`) and ``gmp viz build`` (:func:`build`)."""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import multiprocessing
+import os
+import secrets
+import socket
+import sys
+from pathlib import Path
+
+from genmanip_protocol.console import Console, Progress
+from genmanip_protocol.errors import ExitCode
+from genmanip_protocol.results import is_run_dir, load_run
+
+from .errors import NoRunError, VizDependencyError
+from .recording import build_recording, recording_is_fresh
+
+__all__ = ["build", "serve"]
+
+
+def _check_rerun() -> None:
+    try:
+        import rerun  # noqa: F401
+    except ImportError as exc:
+        raise VizDependencyError(
+            "gmp viz needs rerun-sdk 0.41 (Python >= 3.11)",
+            hint="pip install 'genmanip[viz]'  (or: pip install genmanip-viz)",
+        ) from exc
+
+
+def serve(args: argparse.Namespace) -> int:
+    """``gmp viz [--root DIR] [--port 55077] [--host 127.0.0.1] [--https | --http] [--open]``.
+
+    Loopback binds serve plain HTTP (``http://localhost`` is a secure context, which the viewer's
+    video decoding needs) unless ``--https``; other binds serve HTTPS with a self-signed certificate
+    and require a generated access token (``--http`` forces plain HTTP, the token stays).
+    """
+    _check_rerun()
+    from .server import VizServer, is_loopback
+
+    console = Console.from_args(args)
+    root = Path(getattr(args, "root", None) or ".").expanduser()
+    if not root.is_dir():
+        raise NoRunError(f"--root: {root} is not a directory")
+    host = str(getattr(args, "host", None) or "127.0.0.1")
+    https = getattr(args, "https", None)
+    loopback = is_loopback(host)
+    token = None if loopback else secrets.token_urlsafe(24)
+    server = VizServer(
+        root,
+        host=host,
+        port=int(getattr(args, "port", 55077) if getattr(args, "port", None) is not None else 55077),
+        https=https,
+        token=token,
+        workers=int(getattr(args, "jobs", None) or 2),
+    )
+    wanted = getattr(args, "port", None)
+    if wanted not in (None, 0) and server.port != wanted:
+        console.warn(f"port {wanted} is busy; using {server.port}")
+    # The URL (with the token, printed once) is the command's data: stdout. Hints go to stderr.
+    print(server.url, flush=True)
+    console.info(f"serving results under {root.resolve()}")
+    if loopback:
+        here = socket.gethostname()
+        console.info(
+            f"from another machine: ssh -L {server.port}:localhost:{server.port} {here}  "
+            f"then open http://localhost:{server.port}/"
+        )
+    else:
+        if server.https:
+            console.info("self-signed certificate: your browser asks once to accept it")
+        else:
+            console.warn("plain HTTP beyond loopback: the token and results travel unencrypted")
+        console.info(
+            f"safer: bind to 127.0.0.1 and tunnel: ssh -L {server.port}:localhost:{server.port} "
+            f"{socket.gethostname()}"
+        )
+    console.info("press Ctrl-C to stop")
+    if getattr(args, "open", False):
+        import webbrowser
+
+        webbrowser.open(server.url)
+    server.run()
+    return int(ExitCode.OK)
+
+
+def build(args: argparse.Namespace) -> int:
+    """``gmp viz build RUN_DIR [--jobs N]``: build every complete episode's recording up front."""
+    _check_rerun()
+    console = Console.from_args(args)
+    run_dir = Path(args.run_dir).expanduser()
+    if not run_dir.is_dir() or not is_run_dir(run_dir):
+        raise NoRunError(
+            f"RUN_DIR: {run_dir} is not a run directory",
+            hint="give <results>/<benchmark>/<run_id> (the directory holding the task folders)",
+        )
+    run = load_run(run_dir)
+    episodes = [e for e in run.episodes if e.complete and e.videos]
+    todo = [e for e in episodes if not recording_is_fresh(e) and not (Path(e.path) / "episode.rrd").is_file()]
+    jobs = getattr(args, "jobs", None) or min(2, os.cpu_count() or 1)
+    if jobs < 1:
+        raise NoRunError("--jobs: must be >= 1")
+    failed: list[tuple[str, str]] = []
+    if todo:
+        ctx = multiprocessing.get_context("spawn")
+        with (
+            Progress(len(todo), "building recordings", console, unit="episodes") as prog,
+            concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool,
+        ):
+            futures = {pool.submit(build_recording, e): e for e in todo}
+            for fut in concurrent.futures.as_completed(futures):
+                ep = futures[fut]
+                try:
+                    fut.result()
+                except Exception as exc:
+                    failed.append((ep.episode_id, str(exc)))
+                prog.update(1)
+    built = len(todo) - len(failed)
+    console.info(
+        f"{built} recordings built, {len(episodes) - len(todo)} up to date, {len(failed)} failed "
+        f"({run.benchmark}/{run.run_id})"
+    )
+    for eid, msg in failed:
+        console.error(f"{eid}: {msg}")
+    print(run_dir.resolve(), file=sys.stdout)
+    return int(ExitCode.FAILURE if failed else ExitCode.OK)

@@ -1,0 +1,341 @@
+"""Server-rendered HTML of the results browser.
+
+Every value that comes from disk (task names, run ids, instructions, worker ids, ...) goes through
+:func:`esc` (``html.escape`` with quotes) before it reaches the page; URLs are built from opaque run
+keys and percent-encoded episode addresses. Pages load one local stylesheet and one local script
+(``/static/app.css``, ``/static/app.js``): no inline script, no CDN.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import html
+import math
+from collections.abc import Iterable, Sequence
+from urllib.parse import quote
+
+from genmanip_protocol.results import EpisodeInfo
+
+from .index import Comparison, GroupStats, LiveWorker, RunView, Snapshot, group_stats
+
+__all__ = [
+    "episode_page",
+    "error_page",
+    "esc",
+    "live_page",
+    "run_page",
+    "runs_page",
+    "scanning_page",
+]
+
+
+def esc(value: object) -> str:
+    """HTML-escape ``str(value)`` for text and double-quoted attribute positions."""
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def _url_rel(rel: str) -> str:
+    return quote(rel, safe="/")
+
+
+def episode_url(view: RunView, rel: str) -> str:
+    """URL of an episode page (``rel`` = ``<task>/<seed>``)."""
+    return f"/episode/{view.key}/{_url_rel(rel)}"
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{100.0 * x:.1f}%"
+
+
+def _num(x: float | None, digits: int = 3) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "–"
+    return f"{x:.{digits}f}"
+
+
+def _when(ts: float | None) -> str:
+    if not ts:
+        return "–"
+    return _dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M")
+
+
+def _sr_cell(st: GroupStats) -> str:
+    if st.sr is None:
+        return '<td class="num" data-v="-1">–</td>'
+    lo, hi = st.ci
+    return (
+        f'<td class="num" data-v="{st.sr:.6f}"><b>{_pct(st.sr)}</b>'
+        f' <span class="ci">[{_pct(lo)}, {_pct(hi)}]</span></td>'
+    )
+
+
+def _layout(title: str, body: str, *, crumbs: Sequence[tuple[str, str | None]] = ()) -> str:
+    nav = " / ".join(
+        f'<a href="{esc(href)}">{esc(label)}</a>' if href else f"<span>{esc(label)}</span>"
+        for label, href in crumbs
+    )
+    return (
+        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{esc(title)} · gmp viz</title>"
+        '<link rel="stylesheet" href="/static/app.css">'
+        '<script src="/static/app.js" defer></script></head><body>'
+        f'<header><a class="brand" href="/">gmp viz</a><nav>{nav}</nav></header>'
+        f"<main>{body}</main></body></html>\n"
+    )
+
+
+def scanning_page() -> str:
+    """Shown while the first scan of a large root is still running (reloads itself)."""
+    return _layout(
+        "scanning",
+        '<p class="muted" data-reload="1000">Scanning the results root… this page reloads.</p>',
+    )
+
+
+def error_page(status: int, message: str) -> str:
+    """A small error page; ``message`` is escaped."""
+    return _layout(f"{status}", f'<h1>{status}</h1><p class="error">{esc(message)}</p>')
+
+
+def runs_page(snap: Snapshot, root_label: str) -> str:
+    """The runs table: one sortable row per run, newest first, live runs marked."""
+    rows = []
+    for v in snap.runs:
+        info = v.info
+        st = v.stats or group_stats(info.episodes)
+        total = info.total_episodes
+        eps = f"{st.n}" + (f" / {total}" if total else "")
+        workers = ""
+        if v.live:
+            ids = sorted({str(lk.worker_id) for lk in info.locks if not lk.stale and lk.worker_id is not None})
+            workers = (
+                '<span class="live" title="active: fresh locks or live frames">live</span>'
+                + (f' <span class="muted">workers {esc(", ".join(ids))}</span>' if ids else "")
+                + (f' <a href="/live/{v.key}">watch</a>' if v.workers else "")
+            )
+        rows.append(
+            "<tr>"
+            f'<td data-v="{esc(info.benchmark)}">{esc(info.benchmark)}</td>'
+            f'<td data-v="{esc(info.run_id)}"><a href="/run/{v.key}">{esc(info.run_id)}</a> {workers}</td>'
+            f'<td data-v="{esc(info.layout)}" class="muted">{esc(info.layout)}</td>'
+            f'<td data-v="{info.created or 0:.3f}">{esc(_when(info.created))}</td>'
+            f'<td class="num" data-v="{st.n}">{esc(eps)}</td>'
+            f"{_sr_cell(st)}"
+            f'<td class="num" data-v="{-1 if st.mean_score is None else st.mean_score:.6f}">{_num(st.mean_score)}</td>'
+            "</tr>"
+        )
+    if not rows:
+        body = (
+            f"<h1>Runs</h1><p class=\"muted\">No runs found under <code>{esc(root_label)}</code>. "
+            "Run <code>gmp demo</code> or <code>gmp eval</code> first, or pass <code>--root</code>.</p>"
+        )
+    else:
+        body = (
+            f'<h1>Runs <span class="muted small">{len(rows)} under <code>{esc(root_label)}</code></span></h1>'
+            '<table class="sortable" id="runs"><thead><tr>'
+            "<th>benchmark</th><th>run</th><th>layout</th><th>created</th>"
+            '<th class="num">episodes</th><th class="num">success rate [95% CI]</th>'
+            '<th class="num">mean score</th></tr></thead><tbody>'
+            + "".join(rows)
+            + "</tbody></table>"
+        )
+    return _layout("Runs", body, crumbs=[("runs", None)])
+
+
+def _dot(view: RunView, ep: EpisodeInfo) -> str:
+    rel = f"{ep.task_name}/{ep.seed}"
+    if not ep.complete:
+        cls, label = "dot pending", "running / incomplete"
+    else:
+        s = ep.score if ep.score is not None else (1.0 if ep.success else 0.0)
+        s = min(1.0, max(0.0, float(s))) if math.isfinite(float(s)) else 0.0
+        # Ten score bands coloured by the stylesheet (the CSP allows no inline styles).
+        band = int(round(10 * s))
+        cls = f"dot s{band} " + ("ok" if ep.success else "fail")
+        label = f"score {_num(ep.score)}" + (" (success)" if ep.success else "")
+    return (
+        f'<a class="{cls}" href="{esc(episode_url(view, rel))}" '
+        f'title="seed {esc(ep.seed)}: {esc(label)}"></a>'
+    )
+
+
+def _suite(task: str) -> str:
+    return task.rsplit("/", 1)[0] if "/" in task else "(no suite)"
+
+
+def run_page(
+    view: RunView,
+    *,
+    failures_only: bool,
+    others: Iterable[RunView],
+    comparison: tuple[RunView, Comparison] | None,
+    workers: Sequence[LiveWorker],
+) -> str:
+    """One run: header stats, per suite and per task tables with episode dots, compare, live."""
+    info = view.info
+    st = view.stats or group_stats(info.episodes)
+    tasks: dict[str, list[EpisodeInfo]] = {}
+    for rel in view.order:
+        ep = view.episodes[rel]
+        tasks.setdefault(ep.task_name, []).append(ep)
+    suites: dict[str, list[str]] = {}
+    for task in tasks:
+        suites.setdefault(_suite(task), []).append(task)
+
+    head = (
+        f"<h1>{esc(info.benchmark)} / {esc(info.run_id)}"
+        + (' <span class="live">live</span>' if view.live else "")
+        + "</h1>"
+        f'<p class="summary">{st.n} complete episodes'
+        + (f" of {info.total_episodes}" if info.total_episodes else "")
+        + f" · success rate <b>{_pct(st.sr)}</b> "
+        f'<span class="ci">[{_pct(st.ci[0])}, {_pct(st.ci[1])}]</span> · mean score {_num(st.mean_score)}'
+        f' · layout {esc(info.layout)} · created {esc(_when(info.created))}</p>'
+    )
+    toggle_href = f"/run/{view.key}" + ("" if failures_only else "?failures=1")
+    toggle = (
+        f'<p><a class="button" href="{esc(toggle_href)}">'
+        + ("show all episodes" if failures_only else "show failures only")
+        + "</a></p>"
+    )
+    parts = [head, toggle]
+
+    if workers:
+        items = "".join(
+            f'<li><a href="/live/{view.key}?worker={esc(quote(w.worker_id))}">worker {esc(w.worker_id)}</a>'
+            f' <span class="muted">step {esc(w.state.get("step", "?"))}'
+            + (" · fresh" if w.fresh else " · stale")
+            + "</span></li>"
+            for w in workers
+        )
+        parts.append(f"<h2>Live workers</h2><ul>{items}</ul>")
+
+    for suite in sorted(suites):
+        suite_eps = [e for t in suites[suite] for e in tasks[t]]
+        sst = group_stats(suite_eps)
+        rows = []
+        for task in sorted(suites[suite]):
+            eps = tasks[task]
+            tst = group_stats(eps)
+            shown = [e for e in eps if not failures_only or (e.complete and not e.success)]
+            if failures_only and not shown:
+                continue
+            dots = "".join(_dot(view, e) for e in shown)
+            rows.append(
+                f'<tr><td data-v="{esc(task)}">{esc(task)}</td>'
+                f'<td class="num" data-v="{tst.n}">{tst.n}</td>{_sr_cell(tst)}'
+                f'<td class="num" data-v="{-1 if tst.mean_score is None else tst.mean_score:.6f}">{_num(tst.mean_score)}</td>'
+                f'<td class="dots">{dots}</td></tr>'
+            )
+        if not rows:
+            continue
+        parts.append(
+            f'<h2>{esc(suite)} <span class="muted small">n {sst.n} · SR {_pct(sst.sr)} '
+            f'[{_pct(sst.ci[0])}, {_pct(sst.ci[1])}] · mean {_num(sst.mean_score)}</span></h2>'
+            '<table class="sortable"><thead><tr><th>task</th><th class="num">n</th>'
+            '<th class="num">success rate [95% CI]</th><th class="num">mean score</th>'
+            "<th>episodes</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>"
+        )
+    if len(parts) == 2 and failures_only:
+        parts.append('<p class="muted">No failed episodes.</p>')
+
+    opts = "".join(
+        f'<option value="{o.key}"'
+        + (" selected" if comparison and comparison[0].key == o.key else "")
+        + f">{esc(o.info.benchmark)} / {esc(o.info.run_id)}</option>"
+        for o in others
+        if o.key != view.key
+    )
+    parts.append(
+        '<h2>Compare</h2><form method="get" action="/run/' + view.key + '" class="compare">'
+        '<label>with run <select name="compare"><option value="">—</option>' + opts + "</select></label> "
+        '<button type="submit">compare on shared seeds</button></form>'
+    )
+    if comparison is not None:
+        other, cmp = comparison
+        rows = "".join(
+            f'<tr><td data-v="{esc(t)}">{esc(t)}</td><td class="num" data-v="{n}">{n}</td>'
+            f'<td class="num" data-v="{a:.6f}">{_pct(a)}</td><td class="num" data-v="{b:.6f}">{_pct(b)}</td>'
+            f'<td class="num {"pos" if d > 0 else "neg" if d < 0 else ""}" data-v="{d:.6f}">{100 * d:+.1f} pp</td></tr>'
+            for t, n, a, b, d in cmp.tasks
+        )
+        flips = "".join(
+            f'<li><a href="{esc(episode_url(view, f"{t}/{s}"))}">{esc(t)} seed {esc(s)}</a>: '
+            f'{"success" if sa else "failure"} → '
+            f'<a href="{esc(episode_url(other, f"{t}/{s}"))}">{"success" if sb else "failure"}</a></li>'
+            for t, s, sa, sb in cmp.flipped
+        )
+        parts.append(
+            f'<p class="summary">{cmp.shared} shared episodes · this run {_pct(cmp.sr_a)} · '
+            f"{esc(other.info.run_id)} {_pct(cmp.sr_b)}</p>"
+            '<table class="sortable" id="compare"><thead><tr><th>task</th><th class="num">shared</th>'
+            f'<th class="num">this run</th><th class="num">{esc(other.info.run_id)}</th>'
+            '<th class="num">delta</th></tr></thead><tbody>' + rows + "</tbody></table>"
+            f"<h3>Flipped seeds ({len(cmp.flipped)})</h3><ul class=\"flips\">{flips}</ul>"
+        )
+    return _layout(
+        f"{info.benchmark}/{info.run_id}",
+        "".join(parts),
+        crumbs=[("runs", "/"), (f"{info.benchmark}/{info.run_id}", None)],
+    )
+
+
+def episode_page(view: RunView, rel: str, ep: EpisodeInfo, *, instruction: str) -> str:
+    """One episode: metrics, previous/next links and the Rerun viewer (iframe) on its recording."""
+    prev_rel, next_rel = view.neighbours(rel)
+    links = []
+    if prev_rel:
+        links.append(f'<a class="button" href="{esc(episode_url(view, prev_rel))}" id="prev">← previous</a>')
+    if next_rel:
+        links.append(f'<a class="button" href="{esc(episode_url(view, next_rel))}" id="next">next →</a>')
+    outcome = "incomplete" if not ep.complete else ("success" if ep.success else "failure")
+    rrd_url = f"/rrd/{view.key}/{_url_rel(rel)}/recording.rrd"
+    body = (
+        f'<div class="ephead"><div><h1>{esc(ep.task_name)} <span class="muted">seed {esc(ep.seed)}</span></h1>'
+        f'<p class="instruction">{esc(instruction) or "<span class=muted>(no instruction recorded)</span>"}</p>'
+        f'<p class="summary"><span class="badge {esc(outcome)}">{esc(outcome)}</span> score {_num(ep.score)}'
+        f" · steps {esc(ep.steps if ep.steps is not None else '–')}"
+        f" · cameras {esc(', '.join(sorted(ep.videos)) or '–')}</p></div>"
+        f'<div class="links">{"".join(links)} <a class="button" href="{esc(rrd_url)}" download>download .rrd</a></div></div>'
+        f'<iframe id="viewer" class="viewer" title="Rerun viewer" data-rrd="{esc(rrd_url)}"></iframe>'
+    )
+    return _layout(
+        f"{ep.task_name} {ep.seed}",
+        body,
+        crumbs=[
+            ("runs", "/"),
+            (f"{view.info.benchmark}/{view.info.run_id}", f"/run/{view.key}"),
+            (f"{ep.task_name}/{ep.seed}", None),
+        ],
+    )
+
+
+def live_page(view: RunView, workers: Sequence[LiveWorker], chosen: LiveWorker | None) -> str:
+    """Live frames of one worker of an active run (refreshed by app.js a few times a second)."""
+    tabs = " ".join(
+        f'<a class="button{" active" if chosen and w.worker_id == chosen.worker_id else ""}" '
+        f'href="/live/{view.key}?worker={esc(quote(w.worker_id))}">worker {esc(w.worker_id)}</a>'
+        for w in workers
+    )
+    if chosen is None:
+        content = '<p class="muted">No worker publishes live frames for this run (start <code>gmp eval --live-every N</code>).</p>'
+    else:
+        base = f"/live/{view.key}/{quote(chosen.worker_id)}"
+        cams = "".join(
+            f'<figure><img class="livecam" alt="{esc(c)}" data-src="{esc(base)}/{esc(quote(c))}.jpg">'
+            f"<figcaption>{esc(c)}</figcaption></figure>"
+            for c in chosen.cameras
+        )
+        content = (
+            f'<div id="live" data-state="{esc(base)}/state.json">'
+            '<p class="summary">step <b id="live-step">–</b> · episode <span id="live-episode">–</span>'
+            ' · running success rate <b id="live-sr">–</b> · updated <span id="live-updated">–</span></p>'
+            '<p class="instruction" id="live-instruction"></p>'
+            f'<div class="cams">{cams}</div></div>'
+        )
+    return _layout(
+        f"live {view.info.run_id}",
+        f"<h1>Live: {esc(view.info.benchmark)} / {esc(view.info.run_id)}</h1><p>{tabs}</p>{content}",
+        crumbs=[("runs", "/"), (f"{view.info.benchmark}/{view.info.run_id}", f"/run/{view.key}"), ("live", None)],
+    )

@@ -1,0 +1,705 @@
+"""The results browser: a Starlette app and a small uvicorn runner.
+
+Routes (all GET):
+
+* ``/`` runs; ``/run/{key}`` one run (``?failures=1``, ``?compare=<key>``);
+  ``/episode/{key}/{task}/{seed}`` one episode with the Rerun viewer;
+* ``/rrd/{key}/{task}/{seed}/recording.rrd`` the episode's recording (built on first request in a
+  bounded process pool; concurrent requests for one episode share one build);
+* ``/viewer/{file}`` the Rerun web viewer files (fixed allow-list, from the rerun-sdk cache);
+* ``/live/{key}`` live frames page; ``/live/{key}/{worker}/state.json`` and
+  ``/live/{key}/{worker}/{camera}.jpg``;
+* ``/static/app.css``, ``/static/app.js``.
+
+Runs are addressed by opaque keys and episodes by ``<task>/<seed>`` looked up in the scanned index;
+no request path is ever turned into a file path. Security middleware: Host header check on loopback
+(DNS rebinding), access token (query once -> HttpOnly cookie) when configured, strict headers, no CORS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import hmac
+import json
+import multiprocessing
+import socket
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from http.cookies import SimpleCookie
+from importlib import resources
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlencode
+
+from genmanip_protocol.results import EpisodeInfo
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import (
+    FileResponse,
+    HTMLResponse,
+    JSONResponse,
+    Response,
+)
+from starlette.routing import Route
+
+from . import pages
+from .assets import VIEWER_FILES, ensure_viewer_assets
+from .errors import PortInUseError, RecordingBuildError, UnsafePathError
+from .index import ResultsIndex, RunView, compare_runs, live_workers
+from .paths import is_within, safe_component, safe_relative
+from .recording import SERVER_RRD_NAME, build_recording, recording_is_fresh, recording_path
+
+__all__ = ["RecordingPool", "VizServer", "bind_socket", "create_app", "is_loopback"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+_RRD_SUFFIX = "/recording.rrd"
+_PAGE_CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
+    "connect-src 'self'; frame-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'"
+)
+# The Rerun viewer's own page has inline bootstrap scripts and compiles Wasm; it still may only talk
+# to this server (no CDN, no telemetry).
+_VIEWER_CSP = (
+    "default-src 'self'; script-src 'self' 'unsafe-inline' 'wasm-unsafe-eval'; "
+    "style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; connect-src 'self' data: blob:; "
+    "worker-src 'self' blob:; media-src 'self' blob:; font-src 'self' data:; object-src 'none'; "
+    "base-uri 'none'; frame-ancestors 'self'"
+)
+_LOOPBACK_HOSTS = {"localhost", "127.0.0.1", "::1", "[::1]"}
+
+
+def is_loopback(host: str) -> bool:
+    """True for addresses only this machine can reach (``127.0.0.0/8``, ``::1``, ``localhost``)."""
+    if host in ("localhost", "::1"):
+        return True
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+# --------------------------------------------------------------------------------------------------
+# Recording builds
+# --------------------------------------------------------------------------------------------------
+
+
+def _build_in_child(episode: EpisodeInfo) -> str:
+    return str(build_recording(episode))
+
+
+class RecordingPool:
+    """Builds recordings in at most ``workers`` child processes; one build per episode at a time."""
+
+    def __init__(self, workers: int = 2) -> None:
+        self.workers = max(1, int(workers))
+        self._executor: concurrent.futures.ProcessPoolExecutor | None = None
+        self._inflight: dict[Path, concurrent.futures.Future[str]] = {}
+        self._lock = threading.Lock()
+
+    def _pool(self) -> concurrent.futures.ProcessPoolExecutor:
+        if self._executor is None:
+            # spawn: the server has threads (uvicorn, scanner); forking them is not safe.
+            self._executor = concurrent.futures.ProcessPoolExecutor(
+                max_workers=self.workers, mp_context=multiprocessing.get_context("spawn")
+            )
+        return self._executor
+
+    def submit(self, episode: EpisodeInfo) -> concurrent.futures.Future[str]:
+        """Future of the recording path of ``episode`` (shared with a build already running)."""
+        key = Path(episode.path)
+        with self._lock:
+            fut = self._inflight.get(key)
+            if fut is not None and not fut.done():
+                return fut
+            fut = self._pool().submit(_build_in_child, episode)
+            self._inflight[key] = fut
+
+        def _forget(f: concurrent.futures.Future[str], key: Path = key) -> None:
+            with self._lock:
+                if self._inflight.get(key) is f:
+                    del self._inflight[key]
+
+        fut.add_done_callback(_forget)
+        return fut
+
+    def shutdown(self) -> None:
+        """Stop the child processes (running builds are cancelled)."""
+        with self._lock:
+            ex, self._executor = self._executor, None
+        if ex is not None:
+            ex.shutdown(wait=True, cancel_futures=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# Security middleware
+# --------------------------------------------------------------------------------------------------
+
+
+def _header(scope: Scope, name: bytes) -> str:
+    for k, v in scope.get("headers", []):
+        if k == name:
+            return bytes(v).decode("latin-1")
+    return ""
+
+
+def _host_name(host_header: str) -> str:
+    h = host_header.strip().lower()
+    if h.startswith("["):
+        return h[: h.find("]") + 1] if "]" in h else h
+    return h.rsplit(":", 1)[0] if ":" in h else h
+
+
+class SecurityMiddleware:
+    """Host check, access token, security headers. Pure ASGI (no buffering of file responses)."""
+
+    def __init__(self, app: ASGIApp, *, token: str | None, loopback_only: bool, secure: bool, cookie_name: str) -> None:
+        self.app = app
+        self.token = token
+        self.loopback_only = loopback_only
+        self.secure = secure
+        self.cookie_name = cookie_name
+
+    async def _plain(self, send: Send, status: int, text: str, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+        body = pages.error_page(status, text).encode("utf-8")
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", b"text/html; charset=utf-8"),
+                    (b"content-length", str(len(body)).encode()),
+                    *self._security_headers(b"/"),
+                    *(headers or []),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+    def _security_headers(self, path: bytes) -> list[tuple[bytes, bytes]]:
+        viewer = path.startswith(b"/viewer/")
+        hdrs = [
+            (b"x-content-type-options", b"nosniff"),
+            (b"referrer-policy", b"no-referrer"),
+            (b"cross-origin-opener-policy", b"same-origin"),
+            (b"content-security-policy", (_VIEWER_CSP if viewer else _PAGE_CSP).encode()),
+            (b"x-frame-options", b"SAMEORIGIN"),
+        ]
+        if self.secure:
+            hdrs.append((b"strict-transport-security", b"max-age=86400"))
+        return hdrs
+
+    def _authorized(self, scope: Scope) -> bool:
+        assert self.token is not None
+        auth = _header(scope, b"authorization")
+        if auth.startswith("Bearer ") and hmac.compare_digest(auth[7:].encode(), self.token.encode()):
+            return True
+        cookie = _header(scope, b"cookie")
+        if cookie:
+            jar: SimpleCookie = SimpleCookie()
+            try:
+                jar.load(cookie)
+            except Exception:
+                return False
+            morsel = jar.get(self.cookie_name)
+            if morsel is not None and hmac.compare_digest(morsel.value.encode(), self.token.encode()):
+                return True
+        return False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path: str = scope.get("path", "/")
+        if "\x00" in path or "\x00" in scope.get("query_string", b"").decode("latin-1"):
+            await self._plain(send, 400, "bad request")
+            return
+        if scope.get("method") not in ("GET", "HEAD"):
+            await self._plain(send, 405, "method not allowed", [(b"allow", b"GET, HEAD")])
+            return
+        if self.loopback_only and _host_name(_header(scope, b"host")) not in _LOOPBACK_HOSTS:
+            # DNS rebinding: a web page elsewhere must not read results through a name it controls.
+            await self._plain(send, 421, "unexpected Host header; open the URL gmp viz printed")
+            return
+        if self.token is not None and not self._authorized(scope):
+            query = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+            given = [v for k, v in query if k == "access_token"]
+            if given and hmac.compare_digest(given[0].encode(), self.token.encode()):
+                # Move the token from the URL into a cookie and drop it from the address bar/history.
+                rest = urlencode([(k, v) for k, v in query if k != "access_token"])
+                location = path + ("?" + rest if rest else "")
+                cookie = f"{self.cookie_name}={self.token}; Path=/; HttpOnly; SameSite=Strict"
+                if self.secure:
+                    cookie += "; Secure"
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 303,
+                        "headers": [
+                            (b"location", location.encode("latin-1", "replace")),
+                            (b"set-cookie", cookie.encode("latin-1")),
+                            (b"content-length", b"0"),
+                            (b"cache-control", b"no-store"),
+                            *self._security_headers(b"/"),
+                        ],
+                    }
+                )
+                await send({"type": "http.response.body", "body": b""})
+                return
+            await self._plain(send, 401, "access token required: open the URL gmp viz printed (it carries the token)")
+            return
+
+        extra = self._security_headers(path.encode("latin-1", "replace"))
+
+        async def send_wrapper(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [
+                    (k, v)
+                    for k, v in message.get("headers", [])
+                    if k.lower() not in (b"access-control-allow-origin",)
+                ]
+                message["headers"] = headers + extra
+            await send(message)
+
+        await self.app(scope, receive, send_wrapper)
+
+
+# --------------------------------------------------------------------------------------------------
+# The app
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _State:
+    root: Path
+    index: ResultsIndex
+    pool: RecordingPool
+    assets_dir: Path | None
+    assets_lock: threading.Lock
+    cache_dir: Path | None
+    instructions: OrderedDict[tuple[str, float], str]
+
+
+def _html(text: str, status: int = 200) -> HTMLResponse:
+    return HTMLResponse(text, status_code=status, headers={"cache-control": "no-store"})
+
+
+def _not_found(what: str) -> HTMLResponse:
+    return _html(pages.error_page(404, f"{what} not found"), 404)
+
+
+def _read_instruction(ep: EpisodeInfo) -> str:
+    if ep.layout == "client":
+        try:
+            data = json.loads((Path(ep.path) / "result.json").read_text(encoding="utf-8"))
+            return str(data.get("instruction") or "") if isinstance(data, dict) else ""
+        except (OSError, ValueError):
+            return ""
+    meta = ep.meta_record or Path(ep.path) / "meta_record.pkl"
+    try:
+        from genmanip_protocol.codec import safe_loads
+
+        data = safe_loads(Path(meta).read_bytes())
+    except Exception:
+        return ""
+    return str(data.get("instruction") or "") if isinstance(data, dict) else ""
+
+
+def create_app(
+    root: Path,
+    *,
+    token: str | None = None,
+    loopback_only: bool = True,
+    secure: bool = False,
+    workers: int = 2,
+    cache_dir: Path | None = None,
+    scan_interval: float = 2.0,
+    cookie_name: str = "gmp_viz",
+) -> Starlette:
+    """The results browser for ``root`` (a project root, results root, benchmark or run directory).
+
+    ``token``: when set, every request needs it (``?access_token=`` once, then a cookie, or a Bearer
+    header). ``loopback_only``: refuse Host headers other than localhost/127.0.0.1/[::1].
+    ``workers``: recording build processes. ``cache_dir``: where the Rerun viewer files are cached.
+    """
+    root = Path(root).resolve()
+    state = _State(
+        root=root,
+        index=ResultsIndex(root, min_interval=scan_interval),
+        pool=RecordingPool(workers),
+        assets_dir=None,
+        assets_lock=threading.Lock(),
+        cache_dir=cache_dir,
+        instructions=OrderedDict(),
+    )
+
+    def snapshot_or_scanning() -> Any:
+        snap = state.index.snapshot()
+        return snap
+
+    async def runs(request: Request) -> Response:
+        snap = await run_in_threadpool(snapshot_or_scanning)
+        if snap is None:
+            return _html(pages.scanning_page())
+        return _html(pages.runs_page(snap, str(root)))
+
+    def _view(request: Request) -> RunView | None:
+        snap = state.index.snapshot()
+        if snap is None:
+            return None
+        return snap.by_key.get(str(request.path_params["key"]))
+
+    async def run(request: Request) -> Response:
+        snap = await run_in_threadpool(snapshot_or_scanning)
+        if snap is None:
+            return _html(pages.scanning_page())
+        view = snap.by_key.get(str(request.path_params["key"]))
+        if view is None:
+            return _not_found("run")
+        comparison = None
+        other_key = request.query_params.get("compare")
+        if other_key:
+            other = snap.by_key.get(other_key)
+            if other is None:
+                return _not_found("comparison run")
+            comparison = (other, compare_runs(view, other))
+        others = sorted(snap.runs, key=lambda v: (v.info.benchmark != view.info.benchmark, v.title))
+        workers = await run_in_threadpool(live_workers, Path(view.info.path))
+        return _html(
+            pages.run_page(
+                view,
+                failures_only=request.query_params.get("failures") in ("1", "true", "yes"),
+                others=others,
+                comparison=comparison,
+                workers=workers,
+            )
+        )
+
+    def _episode(request: Request, rel: str) -> tuple[RunView, str, EpisodeInfo] | None:
+        view = _view(request)
+        if view is None:
+            return None
+        try:
+            safe_relative(rel, field="episode")
+        except UnsafePathError:
+            return None
+        ep = view.episodes.get(rel)
+        if ep is None or not is_within(Path(ep.path), root):
+            return None
+        return view, rel, ep
+
+    def _instruction(ep: EpisodeInfo) -> str:
+        key = (str(ep.path), float(ep.mtime or 0.0))
+        cached = state.instructions.get(key)
+        if cached is not None:
+            return cached
+        text = _read_instruction(ep)
+        state.instructions[key] = text
+        while len(state.instructions) > 512:
+            state.instructions.popitem(last=False)
+        return text
+
+    async def episode(request: Request) -> Response:
+        found = await run_in_threadpool(_episode, request, str(request.path_params["rel"]))
+        if found is None:
+            return _not_found("episode")
+        view, rel, ep = found
+        instruction = await run_in_threadpool(_instruction, ep)
+        return _html(pages.episode_page(view, rel, ep, instruction=instruction))
+
+    async def rrd(request: Request) -> Response:
+        rel = str(request.path_params["rel"])
+        if not rel.endswith(_RRD_SUFFIX):
+            return _not_found("recording")
+        found = await run_in_threadpool(_episode, request, rel[: -len(_RRD_SUFFIX)])
+        if found is None:
+            return _not_found("recording")
+        _, _, ep = found
+        server_rrd = Path(ep.path) / SERVER_RRD_NAME
+        if ep.layout == "server" and server_rrd.is_file():
+            path = server_rrd
+        elif await run_in_threadpool(recording_is_fresh, ep):
+            path = recording_path(Path(ep.path))
+        else:
+            try:
+                path = Path(await asyncio.wrap_future(state.pool.submit(ep)))
+            except RecordingBuildError as exc:
+                return _html(pages.error_page(500, f"cannot build the recording: {exc}"), 500)
+        if not is_within(path, root):
+            return _not_found("recording")
+        return FileResponse(
+            path,
+            media_type="application/octet-stream",
+            headers={"cache-control": "no-cache"},
+        )
+
+    def _assets() -> Path:
+        with state.assets_lock:
+            if state.assets_dir is None:
+                state.assets_dir = ensure_viewer_assets(cache_dir=state.cache_dir)
+            return state.assets_dir
+
+    async def viewer(request: Request) -> Response:
+        name = str(request.path_params["name"])
+        if name not in VIEWER_FILES:
+            return _not_found("viewer file")
+        assets = await run_in_threadpool(_assets)
+        headers = {"cache-control": "no-cache" if name == "index.html" else "max-age=86400"}
+        if name == "re_viewer_bg.wasm":
+            plain = assets / name
+            headers["rerun-final-length"] = str(plain.stat().st_size)
+            if "gzip" in request.headers.get("accept-encoding", ""):
+                headers["content-encoding"] = "gzip"
+                headers["vary"] = "Accept-Encoding"
+                return FileResponse(assets / (name + ".gz"), media_type="application/wasm", headers=headers)
+            return FileResponse(plain, media_type="application/wasm", headers=headers)
+        media = {
+            "index.html": "text/html; charset=utf-8",
+            "re_viewer.js": "text/javascript; charset=utf-8",
+            "favicon.ico": "image/x-icon",
+        }[name]
+        return FileResponse(assets / name, media_type=media, headers=headers)
+
+    static_files = {"app.css": "text/css; charset=utf-8", "app.js": "text/javascript; charset=utf-8"}
+    static_cache: dict[str, bytes] = {}
+
+    async def static(request: Request) -> Response:
+        name = str(request.path_params["name"])
+        if name not in static_files:
+            return _not_found("file")
+        if name not in static_cache:
+            static_cache[name] = resources.files("genmanip_viz").joinpath("static", name).read_bytes()
+        return Response(static_cache[name], media_type=static_files[name], headers={"cache-control": "no-cache"})
+
+    async def live(request: Request) -> Response:
+        snap = await run_in_threadpool(snapshot_or_scanning)
+        if snap is None:
+            return _html(pages.scanning_page())
+        view = snap.by_key.get(str(request.path_params["key"]))
+        if view is None:
+            return _not_found("run")
+        workers = await run_in_threadpool(live_workers, Path(view.info.path))
+        wanted = request.query_params.get("worker")
+        chosen = next((w for w in workers if w.worker_id == wanted), None)
+        if chosen is None and workers and not wanted:
+            fresh = [w for w in workers if w.fresh] or workers
+            chosen = max(fresh, key=lambda w: w.updated)
+        return _html(pages.live_page(view, workers, chosen))
+
+    def _live_file(request: Request, name: str) -> Path | None:
+        view = _view(request)
+        if view is None:
+            return None
+        try:
+            worker = safe_component(str(request.path_params["worker"]), field="worker")
+        except UnsafePathError:
+            return None
+        run_dir = Path(view.info.path)
+        path = run_dir / ".live" / worker / name
+        if not path.is_file() or not is_within(path, run_dir) or not is_within(path, root):
+            return None
+        return path
+
+    async def live_state(request: Request) -> Response:
+        path = await run_in_threadpool(_live_file, request, "live.json")
+        if path is None:
+            return JSONResponse({"error": "no live state"}, status_code=404)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            # Written atomically by the eval side, so this is a real problem, but a transient one.
+            return JSONResponse({"error": "unreadable live state"}, status_code=503)
+        if not isinstance(data, dict):
+            return JSONResponse({"error": "unreadable live state"}, status_code=503)
+        return JSONResponse(data, headers={"cache-control": "no-store"})
+
+    async def live_frame(request: Request) -> Response:
+        try:
+            cam = safe_component(str(request.path_params["camera"]), field="camera")
+        except UnsafePathError:
+            return _not_found("camera")
+        path = await run_in_threadpool(_live_file, request, f"{cam}.jpg")
+        if path is None:
+            return _not_found("camera")
+        try:
+            data = await run_in_threadpool(path.read_bytes)
+        except OSError:
+            return _not_found("camera")
+        return Response(data, media_type="image/jpeg", headers={"cache-control": "no-store"})
+
+    async def favicon(request: Request) -> Response:
+        return Response(status_code=204, headers={"cache-control": "max-age=86400"})
+
+    routes = [
+        Route("/", runs),
+        Route("/favicon.ico", favicon),
+        Route("/run/{key:str}", run),
+        Route("/episode/{key:str}/{rel:path}", episode),
+        Route("/rrd/{key:str}/{rel:path}", rrd),
+        Route("/viewer/{name:str}", viewer),
+        Route("/static/{name:str}", static),
+        Route("/live/{key:str}", live),
+        Route("/live/{key:str}/{worker:str}/state.json", live_state),
+        Route("/live/{key:str}/{worker:str}/{camera:str}.jpg", live_frame),
+    ]
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return _not_found("page")
+
+    app = Starlette(routes=routes, exception_handlers={404: not_found})
+    app.state.viz = state
+
+    def _shutdown() -> None:
+        state.index.close()
+        state.pool.shutdown()
+
+    app.state.shutdown = _shutdown
+    wrapped = SecurityMiddleware(app, token=token, loopback_only=loopback_only, secure=secure, cookie_name=cookie_name)
+    wrapped.state = app.state  # type: ignore[attr-defined]
+    return wrapped  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------------------------------
+# Running it
+# --------------------------------------------------------------------------------------------------
+
+
+def bind_socket(host: str, port: int, *, tries: int = 20) -> socket.socket:
+    """A listening socket on ``host`` at ``port`` or the next free one of ``tries`` ports.
+
+    ``port == 0`` picks an ephemeral port. Raises :class:`PortInUseError` when all are taken.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    last: OSError | None = None
+    for p in [0] if port == 0 else range(port, min(port + tries, 65536)):
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, p))
+            sock.listen(128)
+        except OSError as exc:
+            sock.close()
+            last = exc
+            continue
+        sock.set_inheritable(True)
+        return sock
+    raise PortInUseError(
+        f"ports {port}-{port + tries - 1} on {host} are all in use ({last})",
+        hint="pass --port with a free port",
+    )
+
+
+class VizServer:
+    """Runs :func:`create_app` under uvicorn on a background thread (``gmp viz`` and the tests)."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        https: bool | None = None,
+        token: str | None = None,
+        workers: int = 2,
+        cache_dir: Path | None = None,
+        tls_dir: Path | None = None,
+        scan_interval: float = 2.0,
+    ) -> None:
+        self.host = host
+        self.loopback = is_loopback(host)
+        self.https = (not self.loopback) if https is None else https
+        self.token = token
+        self.sock = bind_socket(host, port)
+        self.port = int(self.sock.getsockname()[1])
+        self.app = create_app(
+            root,
+            token=token,
+            loopback_only=self.loopback,
+            secure=self.https,
+            workers=workers,
+            cache_dir=cache_dir,
+            scan_interval=scan_interval,
+            cookie_name=f"gmp_viz_{self.port}",
+        )
+        self.cert: tuple[Path, Path] | None = None
+        if self.https:
+            from .tls import ensure_certificate
+
+            self.cert = ensure_certificate(host, cache_dir=tls_dir)
+        import uvicorn
+
+        config = uvicorn.Config(
+            self.app,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            ssl_certfile=str(self.cert[0]) if self.cert else None,
+            ssl_keyfile=str(self.cert[1]) if self.cert else None,
+            timeout_keep_alive=30,
+        )
+        self.server = uvicorn.Server(config)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def base_url(self) -> str:
+        """``http(s)://<host>:<port>`` (``localhost`` for a loopback bind: a secure context)."""
+        host = self.host
+        if self.loopback:
+            host = "localhost" if host in ("127.0.0.1", "localhost", "::1") else host
+        elif host in ("0.0.0.0", "::"):
+            host = socket.gethostname()
+        if ":" in host:
+            host = f"[{host}]"
+        return f"{'https' if self.https else 'http'}://{host}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        """The URL to open (carries the access token when one is required)."""
+        return self.base_url + "/" + (f"?access_token={self.token}" if self.token else "")
+
+    def run(self) -> None:
+        """Serve until interrupted (blocking)."""
+        try:
+            self.server.run(sockets=[self.sock])
+        finally:
+            self.close()
+
+    def start(self) -> VizServer:
+        """Serve on a daemon thread; returns when the server accepts connections."""
+        self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("gmp viz server did not start")
+            time.sleep(0.02)
+        return self
+
+    def close(self) -> None:
+        """Stop serving, the scanner and the build processes."""
+        self.server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+        self.app.state.shutdown()  # type: ignore[attr-defined]
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def __enter__(self) -> VizServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

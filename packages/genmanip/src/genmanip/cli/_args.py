@@ -1,0 +1,206 @@
+"""Small argparse helpers shared by the spec modules (stdlib only: imported by ``gmp --help``).
+
+The reference client mixes ``--worker_ids`` and ``--dry-run`` spellings. gmp's flags are
+hyphenated; the reference's underscore spellings are still accepted as *aliases* that parse to the
+same destination but are hidden from ``--help`` and from the man page, so old scripts keep working
+without advertising two spellings for everything.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = [
+    "HelpFormatter",
+    "add_bool_flag",
+    "add_command",
+    "add_connection_flags",
+    "add_flag",
+    "add_global_flags",
+    "add_group",
+]
+
+#: Parser-like things that accept ``add_argument`` (parsers, argument groups, exclusive groups).
+_Container = Any
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps description/epilog line breaks (examples) and widens the option column a bit."""
+
+    def __init__(self, prog: str, **kwargs: Any) -> None:
+        kwargs.setdefault("max_help_position", 32)
+        super().__init__(prog, **kwargs)
+
+
+def add_flag(
+    container: _Container,
+    *flags: str,
+    aliases: Sequence[str] = (),
+    **kwargs: Any,
+) -> argparse.Action:
+    """Add an option with visible ``flags`` and hidden ``aliases`` (same ``dest``, same action).
+
+    ``dest`` is derived from the first long visible flag when not given.
+    """
+    if "dest" not in kwargs:
+        long_flags = [f for f in flags if f.startswith("--")]
+        if not long_flags:
+            raise ValueError(f"add_flag{flags}: give dest= or a long flag")
+        kwargs["dest"] = long_flags[0][2:].replace("-", "_")
+    action: argparse.Action = container.add_argument(*flags, *aliases, **kwargs)
+    if aliases:
+        # argparse finds options through the parser's option-string table, not through
+        # ``action.option_strings``; trimming the latter keeps the aliases working while help,
+        # usage, error messages and the man page show the hyphenated spelling only.
+        action.option_strings = [s for s in action.option_strings if s not in aliases]
+    return action
+
+
+def add_bool_flag(
+    container: _Container,
+    name: str,
+    *,
+    default: bool,
+    help: str,
+    aliases: Sequence[str] = (),
+    dest: str | None = None,
+) -> None:
+    """Add ``--name`` / ``--no-name`` (and hidden ``--a_b``/``--no_a_b`` style ``aliases``).
+
+    ``aliases`` lists positive spellings (``"--save_process"``); their ``--no_`` forms are added
+    too. Help shows ``--name`` with the default state; ``--no-name`` is listed in the usage line.
+    """
+    positive = name if name.startswith("--") else f"--{name}"
+    dest = dest or positive[2:].replace("-", "_")
+    negative = "--no-" + positive[2:]
+    state = "on" if default else "off"
+    add_flag(container, positive, aliases=list(aliases), dest=dest, action="store_true",
+             default=default, help=f"{help} (default: {state})")
+    add_flag(container, negative, aliases=["--no_" + a[2:] for a in aliases], dest=dest,
+             action="store_false", help=f"turn {positive} off" if default else argparse.SUPPRESS)
+
+
+def add_global_flags(parser: argparse.ArgumentParser, *, in_subcommand: bool) -> None:
+    """``-v/--verbose`` (repeatable) and ``-q/--quiet``.
+
+    They are accepted before and after the subcommand (``gmp -v eval`` and ``gmp eval -v``); on
+    subcommands their default is SUPPRESS so a value given before the subcommand is not reset.
+    """
+    group = parser.add_argument_group("output") if not in_subcommand else parser
+    default_v: Any = argparse.SUPPRESS if in_subcommand else 0
+    default_q: Any = argparse.SUPPRESS if in_subcommand else False
+    group.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=default_v,
+        help="more output on stderr (repeat for debug logs and tracebacks)"
+        if not in_subcommand
+        else argparse.SUPPRESS,
+    )
+    group.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        default=default_q,
+        help="only errors on stderr; no progress line" if not in_subcommand else argparse.SUPPRESS,
+    )
+
+
+def add_command(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    *,
+    handler: str | None,
+    dist: str,
+    help: str,
+    description: str | None = None,
+    epilog: str | None = None,
+    extra: str | None = None,
+    command: str | None = None,
+    aliases: Sequence[str] = (),
+    hidden: bool = False,
+) -> argparse.ArgumentParser:
+    """Create subcommand ``name`` whose lazy handler is ``handler`` (``"pkg.module:function"``).
+
+    ``dist`` is the distribution that ships the handler and ``extra`` the ``genmanip[...]`` extra
+    that installs it (None when a plain ``pip install <dist>`` is the advice). ``command`` is the
+    full command for messages (``"gmp viz build"``); default ``"gmp <name>"``. ``handler=None``
+    marks a command group: running it without an action prints its help. ``hidden`` keeps a
+    compatibility spelling (``visualize``) out of the command list.
+    """
+    listing: dict[str, Any] = {} if hidden else {"help": help}
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        name,
+        **listing,
+        description=description or help[:1].upper() + help[1:] + ".",
+        epilog=epilog,
+        formatter_class=HelpFormatter,
+        allow_abbrev=False,
+        aliases=list(aliases),
+    )
+    parser._gmp_hidden = hidden  # type: ignore[attr-defined]  # read by the man page renderer
+    add_global_flags(parser, in_subcommand=True)
+    parser.set_defaults(
+        handler=handler,
+        dist=dist,
+        extra=extra,
+        command=command or f"gmp {name}",
+        help_parser=parser if handler is None else None,
+    )
+    return parser
+
+
+def add_group(
+    parser: argparse.ArgumentParser, *, dest: str, title: str = "actions", required: bool = False
+) -> argparse._SubParsersAction[argparse.ArgumentParser]:
+    """Sub-actions of a command group (``gmp online create``); ``dest`` names the chosen action."""
+    return parser.add_subparsers(title=title, dest=dest, metavar="ACTION", required=required)
+
+
+def add_connection_flags(
+    container: _Container,
+    *,
+    default_host: str | None = "127.0.0.1",
+    default_port: int | None = 8087,
+    url: bool = True,
+    token_env: str = "GENMANIP_TOKEN",  # noqa: S107 - an env var name, not a secret
+) -> None:
+    """``--url URL`` or ``--host H --port P``, and ``--token`` (for a GenManip server).
+
+    The token is better given through the environment or the config file: a flag value shows up
+    in process lists and shell history.
+    """
+    group = container.add_argument_group("server") if hasattr(container, "add_argument_group") else container
+    if url:
+        add_flag(
+            group,
+            "--url",
+            metavar="URL",
+            default=None,
+            help="server base URL, e.g. https://host:8087 (overrides --host/--port)",
+        )
+    add_flag(
+        group,
+        "--host",
+        metavar="HOST",
+        default=default_host,
+        help="server host" + (" (default: %(default)s)" if default_host else ""),
+    )
+    add_flag(
+        group,
+        "--port",
+        metavar="PORT",
+        type=int,
+        default=default_port,
+        help="server port" + (" (default: %(default)s)" if default_port else ""),
+    )
+    add_flag(
+        group,
+        "--token",
+        metavar="TOKEN",
+        default=None,
+        help=f"bearer token (prefer ${token_env} or the config file: flags leak into shell history)",
+    )

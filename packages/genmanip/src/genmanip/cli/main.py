@@ -1,0 +1,184 @@
+"""``gmp`` entry point: parse, import the handler lazily, run it, map exceptions to exit codes.
+
+This module is the single place where exceptions become exit codes:
+
+* :class:`genmanip_protocol.errors.GenmanipError` -> ``gmp: error: <message>`` (+ ``hint: ...``)
+  on stderr and the exception's ``exit_code``;
+* :class:`KeyboardInterrupt` -> 130;
+* a missing handler package -> an install hint and ``ExitCode.NOT_INSTALLED`` (3);
+* anything else is a bug -> a one-line message and ``ExitCode.INTERNAL`` (70); the traceback is
+  printed with ``-v``.
+
+Only the stdlib is imported before a handler runs, so ``gmp --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from typing import TextIO
+
+from .parser import build_parser
+
+__all__ = ["configure_logging", "console_main", "main", "resolve_handler"]
+
+# Mirrors genmanip_protocol.errors.ExitCode; kept as literals so that a broken or missing
+# genmanip-protocol still produces the right codes and messages here.
+_USAGE = 2
+_NOT_INSTALLED = 3
+_INTERNAL = 70
+_INTERRUPTED = 130
+
+_log = logging.getLogger("genmanip.cli")
+
+
+class HandlerNotInstalled(Exception):
+    """The package that ships a subcommand's handler (or one of its dependencies) is missing."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def configure_logging(verbose: int, quiet: bool, stream: TextIO | None = None) -> None:
+    """Configure the root logger once: stderr, WARNING by default, -v INFO, -vv DEBUG, -q ERROR."""
+    if quiet:
+        level = logging.ERROR
+    elif verbose >= 2:
+        level = logging.DEBUG
+    elif verbose == 1:
+        level = logging.INFO
+    else:
+        level = logging.WARNING
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        if getattr(h, "_gmp_handler", False):
+            root.removeHandler(h)
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler._gmp_handler = True  # type: ignore[attr-defined]
+    fmt = "%(levelname)s %(name)s: %(message)s" if verbose >= 2 else "gmp: %(levelname)s: %(message)s"
+    handler.setFormatter(logging.Formatter(fmt))
+    root.addHandler(handler)
+    root.setLevel(level)
+
+
+def _install_hint(command: str, dist: str, extra: str | None, module: str, missing: str) -> str:
+    target = f"'genmanip[{extra}]'" if extra else dist
+    top = module.split(".", 1)[0]
+    if missing and missing.split(".", 1)[0] != top:
+        return (
+            f"'{command}' needs the Python module {missing!r}, which is not installed "
+            f"(it is a dependency of {dist}): pip install {target}"
+        )
+    return f"'{command}' needs the {dist} package: pip install {target}"
+
+
+def resolve_handler(
+    spec: str, *, command: str = "gmp", dist: str = "genmanip", extra: str | None = None
+) -> Callable[[argparse.Namespace], int | None]:
+    """Import ``"package.module:function"`` and return the function.
+
+    Raises :class:`HandlerNotInstalled` when the module (or a module it imports) is missing.
+    """
+    module_name, _, func_name = spec.partition(":")
+    if not module_name or not func_name:
+        raise ValueError(f"bad handler spec {spec!r}: expected 'package.module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or module_name
+        raise HandlerNotInstalled(_install_hint(command, dist, extra, module_name, missing)) from exc
+    try:
+        func: Callable[[argparse.Namespace], int | None] = getattr(module, func_name)
+    except AttributeError:
+        # The package is installed but too old (or too new) for this gmp.
+        raise HandlerNotInstalled(
+            f"'{command}' is not provided by the installed {dist} ({module_name} has no "
+            f"{func_name!r}): pip install -U {dist}"
+        ) from None
+    return func
+
+
+def _print_error(message: str, hint: str | None = None) -> None:
+    from .._console_bridge import error_line
+
+    sys.stderr.write(error_line(message, hint))
+    sys.stderr.flush()
+
+
+def _is_genmanip_error(exc: BaseException) -> bool:
+    errors = sys.modules.get("genmanip_protocol.errors")
+    return errors is not None and isinstance(exc, errors.GenmanipError)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``gmp`` with ``argv`` (default ``sys.argv[1:]``); return the exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(list(argv) if argv is not None else None)
+    except SystemExit as exc:  # --help, --version, usage errors
+        code = exc.code
+        return code if isinstance(code, int) else (0 if code is None else _USAGE)
+
+    verbose = int(getattr(args, "verbose", 0) or 0)
+    quiet = bool(getattr(args, "quiet", False))
+    configure_logging(verbose, quiet)
+
+    if args.handler is None:
+        # `gmp` or a command group without its action (`gmp online`): show the help.
+        (args.help_parser or parser).print_help(sys.stdout)
+        return 0
+
+    try:
+        handler = resolve_handler(args.handler, command=args.command, dist=args.dist, extra=args.extra)
+        result = handler(args)
+    except HandlerNotInstalled as exc:
+        _print_error(exc.message)
+        return _NOT_INSTALLED
+    except KeyboardInterrupt:
+        sys.stderr.write("\ngmp: interrupted\n")
+        sys.stderr.flush()
+        return _INTERRUPTED
+    except BrokenPipeError:
+        # `gmp leaderboard list | head`: the reader went away; not an error worth a traceback.
+        _silence_stdout()
+        return 0
+    except SystemExit:
+        raise
+    except BaseException as exc:
+        if _is_genmanip_error(exc):
+            if verbose >= 1:
+                traceback.print_exc(file=sys.stderr)
+            _print_error(str(exc), getattr(exc, "hint", None))
+            return int(exc.exit_code)  # type: ignore[attr-defined]
+        if not isinstance(exc, Exception):
+            raise
+        if verbose >= 1:
+            traceback.print_exc(file=sys.stderr)
+        _print_error(
+            f"internal error in '{args.command}': {type(exc).__name__}: {exc}",
+            None if verbose else "this is a bug in gmp; rerun with -v for the traceback and report it",
+        )
+        return _INTERNAL
+    if result is None:
+        return 0
+    return int(result)
+
+
+def _silence_stdout() -> None:
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+def console_main() -> None:
+    """Script entry point (``gmp``): ``sys.exit(main())``."""
+    sys.exit(main())

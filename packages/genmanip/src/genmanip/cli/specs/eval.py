@@ -1,0 +1,114 @@
+"""``gmp eval``, ``gmp submit``, ``gmp status``, ``gmp demo`` (genmanip-eval; demo in the meta package)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from .._args import add_command, add_connection_flags, add_flag
+
+__all__ = ["add_eval_flags", "register"]
+
+_DIST = "genmanip-eval"
+
+
+def add_eval_flags(parser: argparse.ArgumentParser, *, connection: bool = True) -> None:
+    """The flags of ``gmp eval``; ``gmp online run`` reuses them with ``connection=False``."""
+    if connection:
+        add_connection_flags(parser)
+    run = parser.add_argument_group("run")
+    add_flag(run, "--run-id", aliases=["--run_id"], metavar="ID", default=None,
+             help="run id on the server (default: the server's current job)")
+    add_flag(run, "--worker-ids", aliases=["--worker_ids"], metavar="IDS", default="0",
+             help="comma-separated worker ids driven by this client (default: %(default)s)")
+    add_flag(run, "--processes", metavar="N", type=int, default=1,
+             help="client processes; worker ids are split between them (default: %(default)s)")
+    add_flag(run, "--max-episodes", metavar="N", type=int, default=None,
+             help="stop after N finished episodes (default: until the server's job is done)")
+
+    policy = parser.add_argument_group("policy")
+    add_flag(policy, "--policy", metavar="SPEC", default="zero",
+             help="pkg.module:factory, or a built-in: zero, expert (default: %(default)s)")
+    add_flag(policy, "--policy-arg", aliases=["--policy_arg"], metavar="KEY=VALUE",
+             action="append", default=[], help="argument for the policy factory (repeatable)")
+    add_flag(policy, "--chunk-size", aliases=["--chunk_size"], metavar="N", type=int, default=1,
+             help="actions per policy call (default: %(default)s)")
+    add_flag(policy, "--step-chunk", aliases=["--step_chunk"], action="store_true", default=False,
+             help="send a whole chunk per request (/step_chunk) instead of one /step per action")
+
+    robot = parser.add_argument_group("robot")
+    add_flag(robot, "--robot", aliases=["--robot_id", "--robot-id"], metavar="ID", default=None,
+             help="robot id, e.g. manip/lift2/R5a (default: from the server)")
+    add_flag(robot, "-a", "--arm-type", aliases=["--arm_type"], metavar="ARM", default=None,
+             help="legacy robot selection: franka, aloha, r5a")
+    add_flag(robot, "-g", "--gripper-type", aliases=["--gripper_type"], metavar="GRIPPER",
+             default=None, help="legacy robot selection: panda_hand, robotiq, piper, lift2")
+    add_flag(robot, "-c", "--control-type", aliases=["--control_type"],
+             choices=["joint_position", "ee_pose"], default=None,
+             help="action control type (default: the robot's)")
+
+    wire = parser.add_argument_group("wire")
+    add_flag(wire, "--codec", choices=["auto", "msgpack", "legacy"], default="auto",
+             help="wire codec; auto uses msgpack when the server offers it (default: %(default)s)")
+    add_flag(wire, "--render-mode", aliases=["--render_mode"], choices=["lite", "always"],
+             default=None, help="server render mode per step (default: the server's)")
+    add_flag(wire, "--subframes", metavar="N", type=int, default=None,
+             help="simulator subframes per step (default: the server's)")
+
+    rec = parser.add_argument_group("recording")
+    add_flag(rec, "--results-dir", aliases=["--results_dir"], metavar="DIR", default=None,
+             help="results root (default: $GENMANIP_RESULT_DIR, else ./client_results)")
+    # Reference spellings: --save_process / --no_save_process switch recording on / off.
+    add_flag(rec, "--no-record", aliases=["--no_save_process", "--no-save-process"],
+             dest="record", action="store_false", default=True,
+             help="do not record steps and videos (recording is on by default)")
+    add_flag(rec, "--record", aliases=["--save_process", "--save-process"], dest="record",
+             action="store_true", default=True, help=argparse.SUPPRESS)
+    add_flag(rec, "--live-every", aliases=["--live_every"], metavar="N", type=int, default=0,
+             help="publish a live preview frame every N steps; 0 = off (default: %(default)s)")
+    add_flag(rec, "--plot-on-episode-end", aliases=["--plot_on_episode_end"],
+             action="store_true", default=False,
+             help="plot each episode when it ends (needs genmanip-artifacts)")
+
+
+def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+    """Register ``eval``, ``submit``, ``status`` and ``demo``."""
+    p = add_command(
+        subparsers, "eval", handler="genmanip_eval.cli:run_eval", dist=_DIST,
+        help="run a policy against a GenManip server and record the episodes",
+        epilog="example:\n  gmp eval --url http://127.0.0.1:8087 --policy mypkg.policy:make "
+               "--policy-arg ckpt=last.pt --worker-ids 0,1",
+    )
+    add_eval_flags(p)
+
+    p = add_command(
+        subparsers, "submit", handler="genmanip_eval.cli:submit", dist=_DIST,
+        help="start an evaluation job on a server from benchmark config files",
+    )
+    p.add_argument("configs", nargs="+", metavar="CONFIG", help="benchmark config path(s)")
+    add_flag(p, "--run-id", aliases=["--run_id"], metavar="ID", default=None,
+             help="run id (default: a new timestamped id; an existing id resumes that run)")
+    add_connection_flags(p)
+
+    p = add_command(
+        subparsers, "status", handler="genmanip_eval.cli:status", dist=_DIST,
+        help="show the server's job status and per-task results",
+    )
+    add_flag(p, "--json", action="store_true", default=False,
+             help="print the raw status JSON on stdout")
+    add_flag(p, "--watch", action="store_true", default=False,
+             help="refresh until the job is done")
+    add_flag(p, "--interval", metavar="SECONDS", type=float, default=2.0,
+             help="refresh interval with --watch (default: %(default)s)")
+    add_flag(p, "--run-id", aliases=["--run_id"], metavar="ID", default=None,
+             help="only this run")
+    add_connection_flags(p)
+
+    p = add_command(
+        subparsers, "demo", handler="genmanip.demo:run_demo", dist="genmanip",
+        help="start a local testbed server, evaluate a policy on it and show the results",
+    )
+    add_flag(p, "--workers", metavar="N", type=int, default=2,
+             help="parallel workers (default: %(default)s)")
+    add_flag(p, "--results-dir", aliases=["--results_dir"], metavar="DIR", default=None,
+             help="results root (default: a new temporary directory)")

@@ -1,0 +1,49 @@
+"""``gmp viz`` (serve the results browser) and ``gmp viz build`` (genmanip-viz)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from .._args import add_command, add_flag, add_group
+
+__all__ = ["register"]
+
+_DIST = "genmanip-viz"
+
+
+def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+    """Register ``viz`` (serves when no action is given) and ``viz build``.
+
+    The reference client's ``visualize`` is accepted as a hidden spelling of ``viz``.
+    """
+    for name in ("viz", "visualize"):
+        _register_viz(subparsers, name, hidden=name != "viz")
+
+
+def _register_viz(subparsers: argparse._SubParsersAction[Any], name: str, *, hidden: bool) -> None:
+    p = add_command(
+        subparsers, name, handler="genmanip_viz.cli:serve", dist=_DIST, extra="viz",
+        command="gmp viz", hidden=hidden,
+        help="browse recorded runs and episodes in a web browser",
+    )
+    add_flag(p, "--root", aliases=["--project-root", "--project_root"], metavar="DIR",
+             default=".", help="project root holding results (default: the current directory)")
+    add_flag(p, "--port", metavar="PORT", type=int, default=55077,
+             help="port (default: %(default)s)")
+    add_flag(p, "--host", metavar="HOST", default="127.0.0.1",
+             help="bind address (default: %(default)s)")
+    tls = p.add_mutually_exclusive_group()
+    tls.add_argument("--https", dest="https", action="store_true", default=False,
+                     help="serve over HTTPS with a locally trusted certificate")
+    tls.add_argument("--http", dest="https", action="store_false", help="serve plain HTTP")
+    add_flag(p, "--open", action="store_true", default=False, help="open a browser")
+
+    actions = add_group(p, dest="viz_action")
+    b = add_command(
+        actions, "build", handler="genmanip_viz.cli:build", dist=_DIST, extra="viz",
+        command="gmp viz build", help="prebuild the viewer files of a run",
+    )
+    b.add_argument("run_dir", metavar="RUN_DIR", help="run directory")
+    add_flag(b, "--jobs", "-j", metavar="N", type=int, default=None,
+             help="parallel processes (default: CPU count)")

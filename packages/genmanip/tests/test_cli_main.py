@@ -1,0 +1,197 @@
+"""gmp main(): dispatch, lazy handler import, the single exception -> exit code mapping."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from genmanip.cli import _args, main as main_mod
+from genmanip.cli.parser import EXIT_CODES, build_parser
+from genmanip_protocol.errors import ExitCode
+
+HANDLERS = '''
+from __future__ import annotations
+from genmanip_protocol.errors import AuthError, ValidationError, Violation
+
+
+def ok(args):
+    print("data:" + args.value)
+    return 0
+
+
+def returns_none(args):
+    return None
+
+
+def auth(args):
+    raise AuthError("GET /status failed: HTTP 401", status=401, hint="set GENMANIP_TOKEN")
+
+
+def invalid(args):
+    raise ValidationError(Violation("action", "16 floats", "9 values", location="a.json[1]"))
+
+
+def interrupt(args):
+    raise KeyboardInterrupt
+
+
+def bug(args):
+    return {}["missing"]
+
+
+def fails(args):
+    return 1
+'''
+
+
+@pytest.fixture
+def handlers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real importable handler module and a parser with one test command per handler."""
+    (tmp_path / "gmp_test_handlers.py").write_text(HANDLERS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def fake_build_parser() -> argparse.ArgumentParser:
+        parser = argparse.ArgumentParser(prog="gmp")
+        _args.add_global_flags(parser, in_subcommand=False)
+        parser.set_defaults(handler=None, dist="genmanip", extra=None, command="gmp",
+                            help_parser=None)
+        sub = parser.add_subparsers(dest="cmd")
+        for name in ("ok", "returns_none", "auth", "invalid", "interrupt", "bug", "fails"):
+            p = _args.add_command(sub, name, handler=f"gmp_test_handlers:{name}",
+                                  dist="genmanip-test", help=name)
+            p.add_argument("--value", default="x")
+        _args.add_command(sub, "absent", handler="genmanip_nonexistent.cli:run",
+                          dist="genmanip-nonexistent", help="missing package")
+        _args.add_command(sub, "absent-extra", handler="genmanip_nonexistent.cli:run",
+                          dist="genmanip-viz", extra="viz", help="missing extra",
+                          command="gmp viz")
+        _args.add_command(sub, "noattr", handler="gmp_test_handlers:nope",
+                          dist="genmanip-test", help="old package")
+        return parser
+
+    monkeypatch.setattr(main_mod, "build_parser", fake_build_parser)
+
+
+def test_handler_runs_and_prints_data_on_stdout(handlers: None, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main_mod.main(["ok", "--value", "7"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "data:7\n" and err == ""
+    assert main_mod.main(["returns_none"]) == 0
+    assert main_mod.main(["fails"]) == 1
+
+
+def test_genmanip_error_maps_to_its_exit_code_with_hint(handlers: None, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main_mod.main(["auth"]) == ExitCode.AUTH == 8
+    err = capsys.readouterr().err
+    assert err == "gmp: error: GET /status failed: HTTP 401\nhint: set GENMANIP_TOKEN\n"
+    assert main_mod.main(["invalid"]) == ExitCode.INVALID_INPUT
+    assert "a.json[1]: action: expected 16 floats, got 9 values" in capsys.readouterr().err
+
+
+def test_keyboard_interrupt_is_130(handlers: None, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main_mod.main(["interrupt"]) == 130
+    assert "interrupted" in capsys.readouterr().err
+
+
+def test_unexpected_exception_is_internal_traceback_only_with_v(
+    handlers: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main_mod.main(["bug"]) == ExitCode.INTERNAL == 70
+    err = capsys.readouterr().err
+    assert "internal error in 'gmp bug': KeyError: 'missing'" in err
+    assert "Traceback" not in err and "-v" in err
+    assert main_mod.main(["-v", "bug"]) == 70
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err
+    assert main_mod.main(["bug", "-v"]) == 70  # -v after the subcommand works too
+    assert "Traceback" in capsys.readouterr().err
+
+
+def test_missing_package_names_dist_and_extra(handlers: None, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main_mod.main(["absent"]) == ExitCode.NOT_INSTALLED == 3
+    assert capsys.readouterr().err == (
+        "gmp: error: 'gmp absent' needs the genmanip-nonexistent package: "
+        "pip install genmanip-nonexistent\n"
+    )
+    assert main_mod.main(["absent-extra"]) == 3
+    assert "'gmp viz' needs the genmanip-viz package: pip install 'genmanip[viz]'" in capsys.readouterr().err
+    assert main_mod.main(["noattr"]) == 3
+    assert "has no 'nope'" in capsys.readouterr().err
+
+
+def test_missing_third_party_dependency_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "gmp_needs_dep.py").write_text("import definitely_not_installed_xyz\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(main_mod.HandlerNotInstalled) as ei:
+        main_mod.resolve_handler("gmp_needs_dep:run", command="gmp x", dist="genmanip-x")
+    assert "'definitely_not_installed_xyz'" in ei.value.message
+    assert "pip install genmanip-x" in ei.value.message
+
+
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main_mod.main(["no-such-command"]) == 2
+    assert "invalid choice" in capsys.readouterr().err
+    assert main_mod.main(["eval", "--chunk-size", "many"]) == 2
+    assert "--chunk-size" in capsys.readouterr().err
+
+
+def test_no_command_prints_help_on_stdout(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main_mod.main([]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("usage: gmp") and err == ""
+    assert main_mod.main(["online"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: gmp online") and "create" in out and "stop" in out
+
+
+def test_version_lists_packages_and_python(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main_mod.main(["--version"]) == 0
+    out = capsys.readouterr().out
+    assert "genmanip" in out
+    assert out.splitlines()[-1].startswith("python")
+
+
+def test_exit_code_table_matches_enum() -> None:
+    assert [c for c, _ in EXIT_CODES] == sorted(int(c) for c in ExitCode)
+    assert main_mod._USAGE == ExitCode.USAGE
+    assert main_mod._NOT_INSTALLED == ExitCode.NOT_INSTALLED
+    assert main_mod._INTERNAL == ExitCode.INTERNAL
+    assert main_mod._INTERRUPTED == ExitCode.INTERRUPTED
+    epilog = build_parser().epilog or ""
+    for code in ExitCode:
+        assert f"{int(code)} " in epilog
+
+
+def test_no_color_plain_error_line(handlers: None, monkeypatch: pytest.MonkeyPatch,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    main_mod.main(["auth"])
+    assert "\x1b[" in capsys.readouterr().err
+    monkeypatch.setenv("NO_COLOR", "1")
+    main_mod.main(["auth"])
+    assert "\x1b[" not in capsys.readouterr().err
+
+
+def test_logging_levels() -> None:
+    import logging
+
+    main_mod.configure_logging(0, False)
+    assert logging.getLogger().level == logging.WARNING
+    main_mod.configure_logging(1, False)
+    assert logging.getLogger().level == logging.INFO
+    main_mod.configure_logging(2, False)
+    assert logging.getLogger().level == logging.DEBUG
+    main_mod.configure_logging(2, True)
+    assert logging.getLogger().level == logging.ERROR
+    gmp_handlers = [h for h in logging.getLogger().handlers if getattr(h, "_gmp_handler", False)]
+    assert len(gmp_handlers) == 1  # reconfiguring does not stack handlers
+    main_mod.configure_logging(0, False)
+
+
+def test_handler_spec_must_name_a_function() -> None:
+    with pytest.raises(ValueError, match="package.module:function"):
+        main_mod.resolve_handler("genmanip.validate")
+
+
