@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from genmanip_artifacts import EpisodeDataError, load_series
 from genmanip_artifacts.episode import order_cameras
 from genmanip_artifacts.panels import LEFT_STYLE, RIGHT_STYLE, action_panels, state_panels
@@ -25,18 +24,32 @@ def _episode(tmp_path: Path, rows: list[object] | str, *, result: dict | None = 
     return ep
 
 
-def _row(step: int, *, robot: str = "manip/franka/panda_hand", obs: int | None = None,
-         frame: object = "auto", state: object = "auto", action: object = None) -> dict:
+def _row(
+    step: int,
+    *,
+    robot: str = "manip/franka/panda_hand",
+    obs: int | None = None,
+    frame: object = "auto",
+    state: object = "auto",
+    action: object = None,
+) -> dict:
     obs = step if obs is None else obs
     frame = obs if frame == "auto" else frame
     if state == "auto":
         state = {"joints": [0.1 * step] * 7, "gripper": [0.04, 0.04], "base": [0.0, 0.0, 0.0]}
     return {
-        "episode_id": "bench/r1/bench/t/000", "worker_id": "0", "robot_id": robot, "step": step,
-        "obs_timestep": obs, "frame": frame, "state": state,
-        "action": action if action is not None else
-        {"control_type": "joint_position", "action": [0.01 * step] * 9, "is_rel": False},
-        "chunk": None, "latency_ms": None,
+        "episode_id": "bench/r1/bench/t/000",
+        "worker_id": "0",
+        "robot_id": robot,
+        "step": step,
+        "obs_timestep": obs,
+        "frame": frame,
+        "state": state,
+        "action": action
+        if action is not None
+        else {"control_type": "joint_position", "action": [0.01 * step] * 9, "is_rel": False},
+        "chunk": None,
+        "latency_ms": None,
     }
 
 
@@ -67,27 +80,39 @@ def test_server_episode_reads_meta_record_through_allow_list(franka_server_episo
     assert s.state["gripper"].shape == (20, 2)
     assert s.action.shape == (20, 9)
     assert s.instruction == "insert the peg"
-    assert s.frame_timesteps == {i: i for i in range(20)}
+    # Row i is the state after step i (timestep i + 1); frame 0 is the reset observation.
+    assert s.state_t.tolist() == list(range(1, 21))
+    assert s.action_t.tolist() == list(range(20))
+    assert s.frame_timesteps == {i: i for i in range(21)}
+    assert s.frames_required == 20
     assert sorted(s.videos) == ["obs_camera", "realsense"]
 
 
-def test_malicious_meta_record_is_refused_and_not_executed(franka_server_episode: Path, tmp_path: Path) -> None:
+def test_malicious_meta_record_is_refused_and_not_executed(
+    franka_server_episode: Path, tmp_path: Path
+) -> None:
     sentinel = tmp_path / "pwned"
 
     class Evil:
         def __reduce__(self):  # type: ignore[no-untyped-def]
             return (os.system, (f"touch {sentinel}",))
 
-    (franka_server_episode / "meta_record.pkl").write_bytes(pickle.dumps({"joint_positions": Evil()}))
-    with pytest.raises(EpisodeDataError, match="meta_record.pkl"):
+    (franka_server_episode / "meta_record.pkl").write_bytes(
+        pickle.dumps({"joint_positions": Evil()})
+    )
+    with pytest.raises(EpisodeDataError, match=r"meta_record\.pkl"):
         load_series(franka_server_episode)
     assert not sentinel.exists()
 
 
 def test_unknown_robot_plots_every_dimension(tmp_path: Path) -> None:
     rows = [
-        _row(i, robot="acme/arm9", state={"joints": [float(i)] * 9, "grip": [0.5]},
-             action={"control_type": "joint_position", "action": [0.0] * 10})
+        _row(
+            i,
+            robot="acme/arm9",
+            state={"joints": [float(i)] * 9, "grip": [0.5]},
+            action={"control_type": "joint_position", "action": [0.0] * 10},
+        )
         for i in range(5)
     ]
     s = load_series(_episode(tmp_path, rows))
@@ -103,14 +128,24 @@ def test_unknown_robot_plots_every_dimension(tmp_path: Path) -> None:
 def test_dual_arm_panels_left_solid_right_dashed(lift2_episode: Path) -> None:
     s = load_series(lift2_episode)
     sp = state_panels(s)
-    assert [p.ylabel for p in sp] == ["joint position (rad)", "gripper (m)", "position (m)", "yaw (rad)"]
+    assert [p.ylabel for p in sp] == [
+        "joint position (rad)",
+        "gripper (m)",
+        "position (m)",
+        "yaw (rad)",
+    ]
     joints = sp[0]
     assert len(joints.lines) == 12
     assert {ln.style for ln in joints.lines if ln.label.startswith("left")} == {LEFT_STYLE}
     assert {ln.style for ln in joints.lines if ln.label.startswith("right")} == {RIGHT_STYLE}
     np.testing.assert_allclose(joints.lines[6].y, s.state["joints"][:, 6])  # right joint0
     ap = action_panels(s)
-    assert [p.ylabel for p in ap] == ["joint target (rad)", "gripper target (m)", "position (m)", "yaw (deg)"]
+    assert [p.ylabel for p in ap] == [
+        "joint target (rad)",
+        "gripper target (m)",
+        "position (m)",
+        "yaw (deg)",
+    ]
     # Right-arm joints are action[8:14] for a dual-arm robot (gripper of the left arm in between).
     np.testing.assert_allclose(ap[0].lines[6].y, s.action[:, 8])
     assert "relative" in ap[2].title
@@ -138,14 +173,23 @@ def test_corrupt_steps_file_one_line_error(tmp_path: Path, content: str, message
 
 
 def test_ragged_rows_name_both_lines(tmp_path: Path) -> None:
-    rows = [_row(0), _row(1), _row(2, action={"control_type": "joint_position", "action": [0.0] * 5})]
-    with pytest.raises(EpisodeDataError, match=r"ragged rows: action.action has 9 values on line 1 but 5 on line 3"):
+    rows = [
+        _row(0),
+        _row(1),
+        _row(2, action={"control_type": "joint_position", "action": [0.0] * 5}),
+    ]
+    with pytest.raises(
+        EpisodeDataError, match=r"ragged rows: action.action has 9 values on line 1 but 5 on line 3"
+    ):
         load_series(_episode(tmp_path, rows))
 
 
 def test_wrong_dimension_for_known_robot(tmp_path: Path) -> None:
     rows = [_row(0, state={"joints": [0.0] * 6, "gripper": [0.0, 0.0], "base": [0.0] * 3})]
-    with pytest.raises(EpisodeDataError, match=r"state.joints: expected 7 values for manip/franka/panda_hand, got 6"):
+    with pytest.raises(
+        EpisodeDataError,
+        match=r"state.joints: expected 7 values for manip/franka/panda_hand, got 6",
+    ):
         load_series(_episode(tmp_path, rows))
 
 
@@ -157,12 +201,16 @@ def test_mixed_attempts_are_reported_not_merged(tmp_path: Path) -> None:
 
 def test_conflicting_frame_reference(tmp_path: Path) -> None:
     rows = [_row(0, frame=0), _row(1, frame=0)]
-    with pytest.raises(EpisodeDataError, match="frame 0 is observation timestep 1 here but 0 on line 1"):
+    with pytest.raises(
+        EpisodeDataError, match="frame 0 is observation timestep 1 here but 0 on line 1"
+    ):
         load_series(_episode(tmp_path, rows))
 
 
 def test_bad_field_types_are_named(tmp_path: Path) -> None:
-    with pytest.raises(EpisodeDataError, match=r"steps.jsonl:1: step: expected a non-negative integer"):
+    with pytest.raises(
+        EpisodeDataError, match=r"steps.jsonl:1: step: expected a non-negative integer"
+    ):
         load_series(_episode(tmp_path, [{**_row(0), "step": "zero"}]))
     with pytest.raises(EpisodeDataError, match=r"action.action\[3\]: expected a number"):
         load_series(_episode(tmp_path / "b", [_row(0, action={"action": [0, 0, 0, "x"]})]))
@@ -172,10 +220,13 @@ def test_no_recording_at_all(tmp_path: Path) -> None:
     ep = tmp_path / "res" / "bench" / "r1" / "bench" / "t" / "000"
     ep.mkdir(parents=True)
     (ep / "result.json").write_text(json.dumps({"score": 1.0, "sr": 1.0}))
-    with pytest.raises(EpisodeDataError, match="no steps.jsonl or meta_record.pkl"):
+    with pytest.raises(EpisodeDataError, match=r"no steps\.jsonl or meta_record\.pkl"):
         load_series(ep)
 
 
 def test_camera_order_puts_known_cameras_first_and_drops_generated() -> None:
-    vids = {n: Path(f"{n}.mp4") for n in ("zeta", "right_camera", "merged_with_plot", "left_camera", "merged_ab12cd34")}
+    vids = {
+        n: Path(f"{n}.mp4")
+        for n in ("zeta", "right_camera", "merged_with_plot", "left_camera", "merged_ab12cd34")
+    }
     assert list(order_cameras(vids)) == ["left_camera", "right_camera", "zeta"]

@@ -105,7 +105,9 @@ def project(tmp_path: Path) -> Path:
 @pytest.fixture(autouse=True)
 def _isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Never read the developer's config file, cache or tokens.
-    monkeypatch.setenv("GMP_CONFIG", str(tmp_path / "no-config.toml"))
+    cfg = tmp_path / "empty-config.toml"
+    cfg.write_text("", encoding="utf-8")
+    monkeypatch.setenv("GMP_CONFIG", str(cfg))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg-config"))
     for var in ("USER_TOKEN", "LEADERBOARD_HOST", "LEADERBOARD_PORT", "GENMANIP_RESULT_DIR",
@@ -123,3 +125,23 @@ def server_run():
 def client_run():
     """The :func:`make_client_run` builder."""
     return make_client_run
+
+
+class TLSFiles:
+    def __init__(self, ca: Path, cert: Path, key: Path) -> None:
+        self.ca, self.cert, self.key = ca, cert, key
+
+
+@pytest.fixture(scope="session")
+def tls_files(tmp_path_factory: pytest.TempPathFactory) -> TLSFiles:
+    """A throwaway CA and a server certificate for 127.0.0.1/localhost (trustme)."""
+    import trustme
+
+    d = tmp_path_factory.mktemp("tls")
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    files = TLSFiles(d / "ca.pem", d / "server.pem", d / "server.key")
+    ca.cert_pem.write_to_path(str(files.ca))
+    cert.private_key_and_cert_chain_pem.write_to_path(str(files.cert))
+    cert.private_key_pem.write_to_path(str(files.key))
+    return files

@@ -7,9 +7,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from genmanip_protocol.errors import ExitCode
-from genmanip_protocol.results import load_run
-
 from genmanip_leaderboard import (
     BundleError,
     IncompleteRunError,
@@ -19,6 +16,8 @@ from genmanip_leaderboard import (
     completeness,
     verify_bundle,
 )
+from genmanip_protocol.errors import ExitCode
+from genmanip_protocol.results import load_run
 
 
 def _names(path: Path) -> set[str]:
@@ -228,3 +227,9 @@ def test_verify_detects_tampering_and_bad_members(project, server_run, tmp_path)
     (tmp_path / "t5.zip").write_bytes(b"not a zip")
     with pytest.raises(BundleError, match="not a readable zip"):
         verify_bundle(tmp_path / "t5.zip")
+
+
+def test_invalid_scores_refused(project, server_run, tmp_path):
+    run_dir = server_run(project, scores={("testbed/reach/red_easy", 1): 1.5})
+    with pytest.raises(BundleError, match=r"testbed/reach/red_easy/001 \(score 1.5\)"):
+        build_bundle(load_run(run_dir), tmp_path / "o.zip")

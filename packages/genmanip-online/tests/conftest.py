@@ -88,7 +88,9 @@ def scripted() -> Iterator[ScriptedServer]:
 @pytest.fixture(autouse=True)
 def _isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Never read the developer's config file or tokens.
-    monkeypatch.setenv("GMP_CONFIG", str(tmp_path / "no-config.toml"))
+    cfg = tmp_path / "empty-config.toml"
+    cfg.write_text("", encoding="utf-8")
+    monkeypatch.setenv("GMP_CONFIG", str(cfg))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg-config"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     for var in ("GMP_ONLINE_TOKEN", "GMP_ONLINE_URL", "GMP_TOKEN", "GENMANIP_RESULT_DIR"):
@@ -99,3 +101,25 @@ def _isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def env() -> Callable[..., Reply]:
     """The :func:`envelope` reply builder."""
     return envelope
+
+
+@dataclass
+class TLSFiles:
+    ca: Path
+    cert: Path
+    key: Path
+
+
+@pytest.fixture(scope="session")
+def tls_files(tmp_path_factory: pytest.TempPathFactory) -> TLSFiles:
+    """A throwaway CA and a server certificate for 127.0.0.1/localhost (trustme)."""
+    import trustme
+
+    d = tmp_path_factory.mktemp("tls")
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    files = TLSFiles(d / "ca.pem", d / "server.pem", d / "server.key")
+    ca.cert_pem.write_to_path(str(files.ca))
+    cert.private_key_and_cert_chain_pem.write_to_path(str(files.cert))
+    cert.private_key_pem.write_to_path(str(files.key))
+    return files

@@ -4,8 +4,6 @@ import json
 import random
 
 import pytest
-from genmanip_protocol.errors import ExitCode, ValidationError
-
 from genmanip_online import (
     CREATE_PATH,
     READY_PATH,
@@ -21,6 +19,7 @@ from genmanip_online import (
     check_url,
     stop_candidates,
 )
+from genmanip_protocol.errors import ExitCode, ValidationError
 
 TOKEN = "s3cret-online-token-XYZ"
 
@@ -155,10 +154,10 @@ def test_wait_ready_backs_off_with_jitter_until_ready(scripted, env):
 def test_wait_ready_hits_the_deadline(scripted, env):
     scripted.routes[READY_PATH] = env({"ready": False})
     with client(scripted.url) as c, pytest.raises(OnlineDeadlineError) as ei:
-        c.wait_ready("task-9", deadline=0.5, interval=0.05)
+        c.wait_ready("task-9", deadline=1.0, interval=0.05)
     e = ei.value
     assert e.exit_code == ExitCode.TIMEOUT and e.task_id == "task-9" and e.polls >= 3
-    assert "task-9" in str(e) and "0.5 s deadline" in str(e)
+    assert "task-9" in str(e) and "1 s deadline" in str(e)
     assert "gmp online submit --task-id task-9" in (e.hint or "")
 
 

@@ -193,9 +193,10 @@ def _merge_worker(path: str, worker: int, n: int) -> None:
         merge_json(path, upd, timeout=60)
 
 
+@pytest.mark.slow  # ~1000 renames + fsyncs: seconds on a loaded CI disk
 def test_merge_json_four_processes_lose_no_update(tmp_path: Path) -> None:
     target = str(tmp_path / "shared.json")
-    ctx = mp.get_context("fork")
+    ctx = mp.get_context("spawn")  # no fork: threads of other tests may hold locks
     procs = [ctx.Process(target=_merge_worker, args=(target, w, 250)) for w in range(4)]
     for p in procs:
         p.start()

@@ -6,12 +6,12 @@ import io
 import os
 import pickle
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-
 from genmanip_protocol import DecodeError, EncodeError, ExitCode, UnsafePayloadError
 from genmanip_protocol.codec import (
     LEGACY_CONTENT_TYPE,
@@ -45,7 +45,13 @@ def _server_reply(frames: dict[str, bytes]) -> bytes:
     }
     for key, data in frames.items():
         obs[key] = {"type": "jpeg_bytes", "dtype": "uint8", "shape": [32, 48, 3], "data": data}
-    reply = {"0": {"obs": obs, "metric": {"*ebench/t": {"score": 0.0, "sr": 0.0}}, "episode_result": None}}
+    reply = {
+        "0": {
+            "obs": obs,
+            "metric": {"*ebench/t": {"score": 0.0, "sr": 0.0}},
+            "episode_result": None,
+        }
+    }
     return pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
 
 
@@ -55,7 +61,10 @@ def _jpeg(seed: int) -> bytes:
 
 
 def test_names_and_registry() -> None:
-    assert CODEC.name == "legacy" and CODEC.content_type == LEGACY_CONTENT_TYPE == "application/octet-stream"
+    assert (
+        CODEC.name == "legacy"
+        and CODEC.content_type == LEGACY_CONTENT_TYPE == "application/octet-stream"
+    )
     assert isinstance(get_codec("legacy"), LegacyCodec)
     assert isinstance(codec_for_content_type("application/octet-stream"), LegacyCodec)
     assert codec_for_content_type("application/json") is None
@@ -83,7 +92,12 @@ def test_reply_encoding_matches_the_real_wire_format() -> None:
                          "s": np.float64(0.5)})  # fmt: skip
     plain = pickle.loads(body)  # our own output: trusted
     assert plain["0"]["obs"]["state.joints"] == _tagged(arr)
-    assert plain["0"]["obs"]["video.a_view"] == {"type": "jpeg_bytes", "dtype": "uint8", "shape": [8, 8, 3], "data": frame.data}
+    assert plain["0"]["obs"]["video.a_view"] == {
+        "type": "jpeg_bytes",
+        "dtype": "uint8",
+        "shape": [8, 8, 3],
+        "data": frame.data,
+    }
     assert plain["0"]["t"] == [1, 2] and type(plain["s"]) is float
     assert body[:2] == b"\x80\x05"  # highest protocol
 
@@ -113,17 +127,38 @@ def test_encode_refuses_what_the_allow_list_could_not_read(bad: object) -> None:
 def test_tensor_values_decode_without_torch_or_eval() -> None:
     data = np.arange(6, dtype=np.float32).tobytes()
     for shape in ("torch.Size([2, 3])", "[2, 3]", "(2, 3)", "torch.Size([2,3])"):
-        t = {"type": "tensor", "dtype": "torch.float32", "shape": shape, "data": base64.b64encode(data), "device": "cpu"}
+        t = {
+            "type": "tensor",
+            "dtype": "torch.float32",
+            "shape": shape,
+            "data": base64.b64encode(data),
+            "device": "cpu",
+        }
         arr = CODEC.decode(pickle.dumps({"t": t}))["t"]
         assert arr.shape == (2, 3) and arr.dtype == np.float32 and arr[1, 2] == 5
-    scalar = {"type": "tensor", "dtype": "torch.int64", "shape": "torch.Size([])", "data": base64.b64encode(np.int64(7).tobytes())}
+    scalar = {
+        "type": "tensor",
+        "dtype": "torch.int64",
+        "shape": "torch.Size([])",
+        "data": base64.b64encode(np.int64(7).tobytes()),
+    }
     assert CODEC.decode(pickle.dumps(scalar)).shape == ()
     # bfloat16 = top 16 bits of float32: widened exactly
     f = np.array([1.5, -2.0, 3.140625], dtype=np.float32)
     bf = (f.view(np.uint32) >> 16).astype("<u2")
-    t = {"type": "tensor", "dtype": "torch.bfloat16", "shape": "torch.Size([3])", "data": base64.b64encode(bf.tobytes())}
+    t = {
+        "type": "tensor",
+        "dtype": "torch.bfloat16",
+        "shape": "torch.Size([3])",
+        "data": base64.b64encode(bf.tobytes()),
+    }
     assert CODEC.decode(pickle.dumps(t)).tolist() == [1.5, -2.0, 3.140625]
-    evil = {"type": "tensor", "dtype": "torch.float32", "shape": "__import__('os').system('x')", "data": ""}
+    evil = {
+        "type": "tensor",
+        "dtype": "torch.float32",
+        "shape": "__import__('os').system('x')",
+        "data": "",
+    }
     with pytest.raises(DecodeError, match="cannot parse"):
         CODEC.decode(pickle.dumps(evil))
     with pytest.raises(DecodeError, match="unsupported tensor dtype"):
@@ -136,7 +171,12 @@ def test_image_values_decode_with_pillow() -> None:
     rgb = np.random.default_rng(3).integers(0, 255, (5, 7, 3), dtype=np.uint8)
     buf = io.BytesIO()
     PIL.Image.fromarray(rgb).save(buf, format="PNG")
-    v = {"type": "image", "data": base64.b64encode(buf.getvalue()).decode(), "size": [7, 5], "mode": "RGB"}
+    v = {
+        "type": "image",
+        "data": base64.b64encode(buf.getvalue()).decode(),
+        "size": [7, 5],
+        "mode": "RGB",
+    }
     assert np.array_equal(CODEC.decode(pickle.dumps(v)), rgb)
     with pytest.raises(DecodeError, match="invalid image"):
         CODEC.decode(pickle.dumps({**v, "data": base64.b64encode(b"not a png").decode()}))
@@ -145,15 +185,29 @@ def test_image_values_decode_with_pillow() -> None:
 @pytest.mark.parametrize(
     ("value", "match"),
     [
-        ({"type": "numpy_array", "dtype": "object", "shape": [1], "data": ""}, "not a bool/int/float"),
-        ({"type": "numpy_array", "dtype": "float32", "shape": [3], "data": base64.b64encode(bytes(8)).decode()}, "needs 12"),
+        (
+            {"type": "numpy_array", "dtype": "object", "shape": [1], "data": ""},
+            "not a bool/int/float",
+        ),
+        (
+            {
+                "type": "numpy_array",
+                "dtype": "float32",
+                "shape": [3],
+                "data": base64.b64encode(bytes(8)).decode(),
+            },
+            "needs 12",
+        ),
         ({"type": "numpy_array", "dtype": "float32", "shape": [-1], "data": ""}, "non-negative"),
         ({"type": "numpy_array", "dtype": "float32", "data": ""}, "no 'shape' field"),
         ({"type": "numpy_array", "dtype": "float32", "shape": [1], "data": "@@@@"}, "needs 4"),
         ({"type": "numpy_array", "dtype": "float32", "shape": [1], "data": 5}, "expected base64"),
         ({"type": "numpy_array", "dtype": "nope", "shape": [1], "data": ""}, "unknown dtype"),
         ({"type": "jpeg_bytes", "dtype": "uint8", "shape": [2, 2], "data": b"x"}, r"\[H, W, 3\]"),
-        ({"type": "jpeg_bytes", "dtype": "uint8", "shape": [2, 2, 3], "data": "str"}, "expected JPEG bytes"),
+        (
+            {"type": "jpeg_bytes", "dtype": "uint8", "shape": [2, 2, 3], "data": "str"},
+            "expected JPEG bytes",
+        ),
         ({"type": "jpeg_bytes", "dtype": "float32", "shape": [2, 2, 3], "data": b"x"}, "uint8"),
     ],
 )
@@ -170,7 +224,12 @@ def test_unknown_type_key_dicts_are_left_alone() -> None:
 
 
 def test_shared_references_and_cycles_survive() -> None:
-    shared = {"type": "numpy_array", "dtype": "int8", "shape": [2], "data": base64.b64encode(b"\x01\x02").decode()}
+    shared = {
+        "type": "numpy_array",
+        "dtype": "int8",
+        "shape": [2],
+        "data": base64.b64encode(b"\x01\x02").decode(),
+    }
     cyc: list[Any] = [1]
     cyc.append(cyc)
     out = CODEC.decode(pickle.dumps({"a": shared, "b": shared, "c": cyc}))
@@ -199,13 +258,16 @@ def test_allow_list_reads_numpy_and_builtin_containers(protocol: int) -> None:
     }  # fmt: skip
     body = pickle.dumps(obj, protocol=protocol)
     out = safe_loads(body)
-    # The oracle is plain pickle on our own (trusted) bytes: e.g. numpy itself turns big-endian
-    # arrays native when unpickling protocols < 5.
+    # The oracle is plain pickle on our own (trusted) bytes. (Unlike numpy's own unpickler at
+    # protocols < 5, the allow-list keeps big-endian dtypes big-endian.)
     expected = pickle.loads(body)
     for k, v in expected.items():
         if isinstance(v, np.ndarray):
-            assert out[k].dtype == v.dtype and np.array_equal(out[k], v), k
-            assert np.array_equal(out[k], obj[k]), k
+            assert out[k].dtype == obj[k].dtype and np.array_equal(out[k], v), k
+            assert (
+                out[k].flags.f_contiguous == obj[k].flags.f_contiguous
+                and not out[k].flags.writeable
+            )
         else:
             assert out[k] == v == obj[k], k
     assert type(out["od"]) is collections.OrderedDict
@@ -237,15 +299,29 @@ def _evil_payloads(sentinel: Path) -> list[tuple[str, bytes]]:
         ("os.system", pickle.dumps(_Reduce(os.system, (cmd,)))),
         ("posix.system", pickle.dumps(_Reduce(posix.system, (cmd,)))),
         ("subprocess.Popen", pickle.dumps(_Reduce(subprocess.Popen, (["touch", str(sentinel)],)))),
-        ("builtins.eval", pickle.dumps(_Reduce(builtins.eval, (f"__import__('os').system({cmd!r})",)))),
-        ("builtins.exec", pickle.dumps(_Reduce(builtins.exec, (f"import os; os.system({cmd!r})",)))),
+        (
+            "builtins.eval",
+            pickle.dumps(_Reduce(builtins.eval, (f"__import__('os').system({cmd!r})",))),
+        ),
+        (
+            "builtins.exec",
+            pickle.dumps(_Reduce(builtins.exec, (f"import os; os.system({cmd!r})",))),
+        ),
         # nested inside an innocent-looking reply, at every protocol
         *[
-            (f"nested-p{p}", pickle.dumps({"0": {"obs": {"x": [_Reduce(os.system, (cmd,))]}}}, protocol=p))
+            (
+                f"nested-p{p}",
+                pickle.dumps({"0": {"obs": {"x": [_Reduce(os.system, (cmd,))]}}}, protocol=p),
+            )
             for p in range(0, pickle.HIGHEST_PROTOCOL + 1)
         ],
         # __reduce__ chain: getattr(__import__('os'), 'system')(cmd)
-        ("getattr-chain", b"cbuiltins\ngetattr\n(cbuiltins\n__import__\n(S'os'\ntRS'system'\ntR(S'" + cmd.encode() + b"'\ntR."),
+        (
+            "getattr-chain",
+            b"cbuiltins\ngetattr\n(cbuiltins\n__import__\n(S'os'\ntRS'system'\ntR(S'"
+            + cmd.encode()
+            + b"'\ntR.",
+        ),
         ("protocol-0 text", b"cos\nsystem\n(S'" + cmd.encode() + b"'\ntR."),
         ("copyreg", b"ccopyreg\n_reconstructor\n(cos\nsystem\nc__builtin__\nobject\nNtR."),
         ("numpy gadget", b"cnumpy.testing._private.utils\nrunstring\n(S'import os'\n(dtR."),
@@ -276,6 +352,52 @@ def test_malicious_pickles_are_refused_and_execute_nothing(tmp_path: Path) -> No
     assert sentinel.exists()
 
 
+def test_crafted_numpy_state_never_reaches_numpy() -> None:
+    # dtype state with flags 63 ("holds object references") would make numpy read raw bytes as
+    # PyObject pointers; a huge itemsize would allocate. Both are refused by the validating proxy.
+    dtype_hdr = b"cnumpy\ndtype\n(S'f8'\nI00\nI01\ntR(I3\nS'<'\nNNN"
+    with pytest.raises(UnsafePayloadError, match="flags"):
+        safe_loads(dtype_hdr + b"I-1\nI-1\nI63\ntb.")
+    with pytest.raises(DecodeError, match="itemsize"):
+        safe_loads(dtype_hdr + b"I1000000\nI-1\nI0\ntb.")
+    good = safe_loads(dtype_hdr + b"I-1\nI-1\nI0\ntb.")
+    assert good == np.dtype("<f8")
+    # array state whose data is shorter than its shape says
+    arr = pickle.dumps(np.arange(4, dtype=np.int32), protocol=2)
+    short = arr.replace(b"K\x01K\x04\x85", b"K\x01M\x00\x10\x85")  # shape (4,) -> (4096,)
+    assert short != arr
+    with pytest.raises(DecodeError, match="needs"):
+        safe_loads(short)
+
+
+def test_memo_index_cannot_allocate() -> None:
+    # LONG_BINPUT 0x7fffffff: CPython's C unpickler would size its memo array to 2**32 entries.
+    t0 = time.perf_counter()
+    assert safe_loads(b"\x80\x04K\x01r\xff\xff\xff\x7f0j\xff\xff\xff\x7f.") == 1  # put, pop, get
+    assert safe_loads(b"\x80\x04K\x07r\xff\xff\xff\x7f.") == 7
+    assert time.perf_counter() - t0 < 1.0
+
+
+def test_payload_cannot_tamper_with_the_allow_list() -> None:
+    # BUILD with slot state on an allow-listed global would setattr into the validator classes.
+    for target in (
+        b"cnumpy\ndtype\n",
+        b"cnumpy\nndarray\n",
+        b"ccollections\nOrderedDict\n",
+        b"cbuiltins\nset\n",
+    ):
+        with pytest.raises(DecodeError):
+            safe_loads(target + b"(N}S'__call__'\ncbuiltins\nfrozenset\nstb.")
+        with pytest.raises(DecodeError):
+            safe_loads(target + b".")  # a bare global as a value
+    # ... and numpy values built during the load cannot be BUILD-targeted either
+    scalar = pickle.dumps(np.float32(1.5), protocol=2)
+    assert scalar.endswith(b"R.") or scalar.endswith(b".")
+    with pytest.raises(DecodeError, match="BUILD"):
+        safe_loads(scalar[:-1] + b"(I1\nI2\ntb.")
+    assert safe_loads(pickle.dumps({"a": np.arange(3)}))["a"].tolist() == [0, 1, 2]
+
+
 def test_allocation_gadgets_are_refused() -> None:
     for payload in (
         b"c__builtin__\nbytearray\n(I1000000000000\ntR.",
@@ -289,7 +411,16 @@ def test_allocation_gadgets_are_refused() -> None:
 
 @pytest.mark.parametrize(
     "data",
-    [b"", b"\x80", b"\x80\x05\x95", b"garbage", b"\x80\x05K\x01", pickle.dumps({"a": 1})[:-3], b"\x80\x05h\xff.", b"(l" * 10],
+    [
+        b"",
+        b"\x80",
+        b"\x80\x05\x95",
+        b"garbage",
+        b"\x80\x05K\x01",
+        pickle.dumps({"a": 1})[:-3],
+        b"\x80\x05h\xff.",
+        b"(l" * 10,
+    ],
 )
 def test_garbage_is_decode_error(data: bytes) -> None:
     with pytest.raises(DecodeError) as ei:

@@ -6,7 +6,6 @@ import time
 import msgpack
 import numpy as np
 import pytest
-
 from genmanip_protocol import DecodeError, EncodeError, ExitCode
 from genmanip_protocol.codec import (
     MSGPACK_CONTENT_TYPE,
@@ -21,9 +20,19 @@ from genmanip_protocol.codec.msgpack_codec import MAGIC
 CODEC = MsgpackCodec()
 
 
-def _frame(header_obj: object, buffers: list[bytes] = (), *, version: int = 1, table: list[tuple[int, int]] | None = None) -> bytes:
+def _frame(
+    header_obj: object,
+    buffers: list[bytes] = (),
+    *,
+    version: int = 1,
+    table: list[tuple[int, int]] | None = None,
+) -> bytes:
     """Build a frame by hand (independently of the encoder) so malformed ones can be made."""
-    header = header_obj if isinstance(header_obj, bytes) else msgpack.packb(header_obj, use_bin_type=True)
+    header = (
+        header_obj
+        if isinstance(header_obj, bytes)
+        else msgpack.packb(header_obj, use_bin_type=True)
+    )
     n = len(buffers) if table is None else len(table)
     pos = 16 + 16 * n + len(header)
     offsets = []
@@ -48,7 +57,9 @@ def test_names_and_registry() -> None:
     assert CODEC.name == "msgpack"
     assert CODEC.content_type == MSGPACK_CONTENT_TYPE == "application/x-genmanip-msgpack"
     assert isinstance(get_codec("msgpack"), MsgpackCodec)
-    assert isinstance(codec_for_content_type("application/x-genmanip-msgpack; charset=binary"), MsgpackCodec)
+    assert isinstance(
+        codec_for_content_type("application/x-genmanip-msgpack; charset=binary"), MsgpackCodec
+    )
 
 
 def test_roundtrip_reply_tree() -> None:
@@ -136,7 +147,11 @@ def test_array_roundtrip_exact(arr: np.ndarray) -> None:
 
 
 def test_numpy_scalars_become_python_scalars_complex_becomes_0d() -> None:
-    out = CODEC.decode(CODEC.encode([np.float32(1.5), np.int64(-3), np.uint8(200), np.bool_(True), np.complex128(1j)]))
+    out = CODEC.decode(
+        CODEC.encode(
+            [np.float32(1.5), np.int64(-3), np.uint8(200), np.bool_(True), np.complex128(1j)]
+        )
+    )
     assert out[:4] == [1.5, -3, 200, True]
     assert [type(v) for v in out[:4]] == [float, int, int, bool]
     assert isinstance(out[4], np.ndarray) and out[4].shape == () and out[4][()] == 1j

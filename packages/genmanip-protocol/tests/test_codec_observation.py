@@ -5,10 +5,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import genmanip_protocol.codec.observation as observation_mod
 import numpy as np
 import pytest
-
-import genmanip_protocol.codec.observation as observation_mod
 from genmanip_protocol import DecodeError
 from genmanip_protocol.codec import JpegFrame, LegacyCodec, MsgpackCodec, Observation
 
@@ -56,7 +55,9 @@ def test_lazy_decode_from_a_reply(codec: Any, decode_calls: list[str]) -> None:
     assert left.shape == (24, 32, 3) and left.dtype == np.uint8
     assert np.abs(left.astype(int) - _rgb(0)).mean() < 4
     assert obs["video.left_camera_view"] is left and len(decode_calls) == 1  # cached
-    assert not obs.is_encoded("video.left_camera_view") and obs.is_encoded("video.right_camera_view")
+    assert not obs.is_encoded("video.left_camera_view") and obs.is_encoded(
+        "video.right_camera_view"
+    )
     # recording still gets the original JPEG bytes of the decoded camera
     assert obs.frame_bytes("video.left_camera_view") == frames["video.left_camera_view"].data
     obs.decode_all()
@@ -106,7 +107,9 @@ def test_to_dict_copy_equality_and_pickle() -> None:
     frames = _frames()
     obs = Observation({**frames, "state.joints": np.arange(3.0), "instruction": "x"})
     raw = obs.to_dict(decode=False)
-    assert raw["video.left_camera_view"] is frames["video.left_camera_view"] and obs.is_encoded(CAMS[0])
+    assert raw["video.left_camera_view"] is frames["video.left_camera_view"] and obs.is_encoded(
+        CAMS[0]
+    )
     cp = obs.copy()
     cp["instruction"] = "y"
     assert obs["instruction"] == "x"
@@ -142,7 +145,9 @@ def test_corrupt_frames_raise_decode_error() -> None:
 
 def test_jpeg_frame_value_semantics() -> None:
     f = JpegFrame.encode(_rgb(1))
-    assert f == JpegFrame(bytearray(f.data), [24, 32, 3]) and hash(f) == hash(JpegFrame(f.data, (24, 32, 3)))
+    assert f == JpegFrame(bytearray(f.data), [24, 32, 3]) and hash(f) == hash(
+        JpegFrame(f.data, (24, 32, 3))
+    )
     assert f.nbytes == len(f.data) and "24, 32, 3" in repr(f)
     with pytest.raises(AttributeError):
         f.data = b""  # type: ignore[misc]

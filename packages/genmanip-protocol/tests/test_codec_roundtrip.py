@@ -7,11 +7,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from genmanip_protocol.codec import JpegFrame, LegacyCodec, MsgpackCodec, Observation
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-
-from genmanip_protocol.codec import LegacyCodec, MsgpackCodec, Observation
 
 CODECS = [MsgpackCodec(), LegacyCodec()]
 
@@ -26,7 +25,9 @@ arrays = _dtypes.flatmap(
     lambda dt: hnp.arrays(
         dt,
         hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=4),
-        elements=hnp.from_dtype(dt, allow_nan=True, allow_infinity=True) if dt.kind in "fc" else None,
+        elements=hnp.from_dtype(dt, allow_nan=True, allow_infinity=True)
+        if dt.kind in "fc"
+        else None,
     )
 )
 scalars = st.one_of(
@@ -46,7 +47,11 @@ def _containers(children: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
         st.tuples(children, children),
         st.dictionaries(keys, children, max_size=4),
         # observation-like dicts become Observations on decode
-        st.dictionaries(st.sampled_from(["state.joints", "video.cam_view", "instruction", "timestep"]), children, max_size=3),
+        st.dictionaries(
+            st.sampled_from(["state.joints", "video.cam_view", "instruction", "timestep"]),
+            children,
+            max_size=3,
+        ),
     )
 
 
@@ -72,7 +77,7 @@ def _same(a: Any, b: Any, path: str = "") -> None:
     elif isinstance(a, (list, tuple)):
         assert type(b) is list, path  # tuples arrive as lists
         assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
             _same(x, y, f"{path}[{i}]")
     elif isinstance(a, float) and a != a:
         assert isinstance(b, float) and b != b, path
@@ -101,3 +106,23 @@ def test_array_dtype_and_byte_order_survive(codec: Any, arr: np.ndarray) -> None
     out = codec.decode(codec.encode({"state.x": arr}))["state.x"]
     assert out.dtype.str == arr.dtype.str
     assert np.array_equal(out, arr, equal_nan=arr.dtype.kind in "fc")
+
+
+@pytest.mark.parametrize("codec", CODECS, ids=lambda c: c.name)
+@settings(max_examples=25, deadline=None)
+@given(
+    h=st.integers(1, 40),
+    w=st.integers(1, 40),
+    quality=st.integers(10, 95),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_jpeg_frames_survive_both_codecs_undecoded(
+    codec: Any, h: int, w: int, quality: int, seed: int
+) -> None:
+    rgb = np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
+    frame = JpegFrame.encode(rgb, quality=quality)
+    out = codec.decode(codec.encode({"obs": {"video.cam_view": frame, "state.t": [seed]}}))["obs"]
+    assert isinstance(out, Observation) and out.is_encoded("video.cam_view")
+    assert out.frame_bytes("video.cam_view") == frame.data
+    assert out["video.cam_view"].shape == (h, w, 3)
+    assert np.array_equal(out["video.cam_view"], frame.decode())

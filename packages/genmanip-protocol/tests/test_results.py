@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+from genmanip_protocol.atomic import atomic_write_json
 from genmanip_protocol.results import (
     RunScanner,
     find_episode_dirs,
@@ -125,11 +126,13 @@ def build_client_runs(project: Path) -> tuple[Path, Path]:
     ep1 = ta / "001"
     _w(ep1 / "steps.jsonl", '{"step":0}\n{"step":1}\n{"st', NOW - 5)
     _w(ep1 / "INCOMPLETE", "", NOW - 5)
+    _age_dirs(run, NOW - 700)
     _age(ep1, NOW - 5)
     # a second benchmark, recorded by the reference client: no run.json
     old = root / "other" / "r0"
     _w(old / "other" / "t" / "000" / "result.json", {"score": 0.0, "sr": 0.0})
     _w(old / "other" / "t" / "000" / "merged_abcd1234.mp4", b"x")
+    _age_dirs(old, NOW - 800)
     return run, old
 
 
@@ -264,7 +267,7 @@ def test_server_run_without_markers_is_found(tmp_path: Path) -> None:
     runs = find_runs(tmp_path, now=NOW)
     assert [r.path for r in runs] == [run]
     assert runs[0].layout == "server" and runs[0].live
-    assert [(e.seed, e.complete) for e in runs[0].episodes] == [("000", False)]
+    assert [(e.seed, e.complete, e.layout) for e in runs[0].episodes] == [("000", False, "server")]
 
 
 def test_load_episode_standalone(tmp_path: Path) -> None:
@@ -342,11 +345,16 @@ def test_symlinks_outside_root_are_skipped(
     (run / "ebench" / "t" / "001" / "top_camera.mp4").symlink_to(
         tmp_path / "proj" / "shared" / "top_camera.mp4"
     )
+    # run-level files that are symlinks out of the root are not read
+    _w(outside / "run.json", {"run_id": "stolen"})
+    (run / "run.json").symlink_to(outside / "run.json")
     # a link loop inside the root must not hang
     (run / "ebench" / "t" / "loop").symlink_to(run / "ebench")
     with caplog.at_level(logging.WARNING, logger="genmanip_protocol.results"):
         runs = find_runs(tmp_path / "proj", now=NOW)
     assert len(runs) == 1
+    assert runs[0].manifest is None and runs[0].run_id == "r"
+    assert runs[0].errors == ["run.json: symlink leads outside the results root"]
     eps = runs[0].episodes
     assert [(e.task_name, e.seed) for e in eps] == [("ebench/t", "001")]
     assert set(eps[0].videos) == {"top_camera"}
@@ -418,10 +426,25 @@ def test_run_scanner_incremental(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 def test_scanner_sees_rewritten_result(tmp_path: Path) -> None:
     run = tmp_path / "ebench" / "r"
     _w(run / "run.json", {})
-    res = _w(run / "ebench" / "t" / "000" / "result.json", {"score": 0.0}, NOW - 100)
+    ep = run / "ebench" / "t" / "000"
+    res = _w(ep / "result.json", {"score": 0.0})
+    _age(ep, time.time() - 100)  # old enough to be cached
     scanner = RunScanner(run)
     assert scanner.scan(now=NOW)[0].episodes[0].score == 0.0
-    _w(res, {"score": 1.0}, NOW)
+    atomic_write_json(res, {"score": 1.0})  # writers replace result files atomically
+    assert scanner.scan(now=NOW)[0].episodes[0].score == 1.0
+
+
+def test_scanner_does_not_cache_racy_dirs(tmp_path: Path) -> None:
+    # a directory modified "just now" may change again within the same mtime tick: never cached
+    run = tmp_path / "ebench" / "r"
+    _w(run / "run.json", {})
+    res = _w(run / "ebench" / "t" / "000" / "result.json", {"score": 0.0})
+    scanner = RunScanner(run)
+    assert scanner.scan(now=NOW)[0].episodes[0].score == 0.0
+    mt = (res.parent).stat().st_mtime_ns
+    _w(res, {"score": 1.0})  # in-place rewrite, then force the same directory mtime
+    os.utime(res.parent, ns=(mt, mt))
     assert scanner.scan(now=NOW)[0].episodes[0].score == 1.0
 
 
@@ -430,3 +453,29 @@ def test_real_clock_default(tmp_path: Path) -> None:
     _w(run / T_A / "000.lock", {"worker_id": "0", "timestamp": time.time()})
     (run / T_A / "000").mkdir()
     assert load_run(run).live is True
+
+
+def test_scanner_concurrent_scans_agree(tmp_path: Path) -> None:
+    import threading
+
+    build_server_run(tmp_path)
+    build_client_runs(tmp_path)
+    scanner = RunScanner(tmp_path)
+    expected = [(r.path, len(r.episodes)) for r in find_runs(tmp_path, now=NOW)]
+    results: list[list[tuple[Path, int]]] = []
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            for _ in range(5):
+                results.append([(r.path, len(r.episodes)) for r in scanner.scan(now=NOW)])
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(results) == 20 and all(r == expected for r in results)

@@ -575,3 +575,17 @@ def test_parse_status() -> None:
 def test_violation_roundtrip_types() -> None:
     vs = check_action(PANDA, jp(3), worker=7)
     assert isinstance(vs[0], Violation) and vs[0].worker == "7"
+
+
+_task = st.text(
+    alphabet=st.characters(codec="utf-8", exclude_characters="\x00"), min_size=1
+).filter(lambda t: not t.startswith(("*", "(")))
+
+
+@given(_task, st.integers(0, 10_000), st.integers(1, 10_000), st.booleans())
+def test_metric_key_roundtrip(task: str, done: int, total: int, star: bool) -> None:
+    key = f"{'*' if star else ''}({done}/{total}){task}"
+    mk = parse_metric_key(key)
+    assert (mk.task, mk.done, mk.total) == (task, done, total)
+    assert mk.complete == (not star and done >= total)
+    assert parse_metric_key(f"*{task}") == MetricKey(task, 0, None, False)

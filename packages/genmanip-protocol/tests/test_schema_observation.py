@@ -4,10 +4,17 @@ from typing import Any
 
 import numpy as np
 import pytest
-from genmanip_protocol.codec import JpegFrame, Observation
+from genmanip_protocol.codec import JpegFrame, LegacyCodec, MsgpackCodec, Observation
 from genmanip_protocol.errors import ValidationError
 from genmanip_protocol.robots import ROBOTS, RobotSpec, get_robot
-from genmanip_protocol.schema import check_observation, validate_observation
+from genmanip_protocol.schema import (
+    check_observation,
+    parse_chunk_response,
+    parse_metric,
+    parse_step_response,
+    validate_action,
+    validate_observation,
+)
 
 LIFT2 = get_robot("manip/lift2/R5a")
 PANDA = get_robot("manip/franka/panda_hand")
@@ -131,3 +138,62 @@ def test_not_a_mapping() -> None:
     assert [v.field for v in check_observation(PANDA, [1, 2])] == ["obs"]
     # the reset-pending placeholder is not an observation
     assert len(check_observation(PANDA, {"reset": True, "reset_pending": True})) > 3
+
+
+# ---- replies built like the real server's, through the real codecs, then parsed and validated
+
+METRIC = {"*(1/60)ebench/t": {"score": 1.0, "sr": 1.0}, "*ebench/u": {"score": 0.0, "sr": 0.0}}
+RESULT = {
+    "episode_id": "ebench/run/ebench/t/000",
+    "task_name": "ebench/t",
+    "seed": "000",
+    "score": 1.0,
+    "sr": 1.0,
+}
+
+
+@pytest.fixture(params=["legacy", "msgpack"])
+def codec(request: pytest.FixtureRequest) -> Any:
+    return LegacyCodec() if request.param == "legacy" else MsgpackCodec()
+
+
+def test_step_reply_roundtrip(codec: Any) -> None:
+    obs = make_obs(LIFT2, frames="jpeg")
+    reply = {
+        "0": {"obs": obs, "metric": METRIC, "episode_result": RESULT},
+        "1": {
+            "obs": {"reset": True, "reset_pending": True},
+            "metric": METRIC,
+            "episode_result": None,
+            "reset_pending": True,
+        },
+        "2": {"obs": None, "metric": METRIC, "episode_result": None},
+    }
+    entries = parse_step_response(codec.decode(codec.encode(reply)), ["0", "1", "2"])
+    e0 = entries["0"]
+    assert e0.obs is not None and check_observation(LIFT2, e0.obs, strict=True) == []
+    assert e0.episode_result is not None and e0.episode_result.success
+    assert entries["1"].reset_pending and entries["1"].obs is None
+    assert entries["2"].finished
+    assert parse_metric(e0.metric)["ebench/t"].done == 1
+
+
+def test_chunk_reply_roundtrip(codec: Any) -> None:
+    reply = {
+        "obs": {"0": {"obs": make_obs(LIFT2), "metric": METRIC, "episode_result": None}},
+        "executed_steps": 4,
+        "stopped_early": False,
+    }
+    cr = parse_chunk_response(codec.decode(codec.encode(reply)), ["0"])
+    assert cr.executed_steps == 4 and not cr.stopped_early
+    assert check_observation(LIFT2, cr.entries["0"].obs) == []
+
+
+def test_normalized_action_survives_legacy_wire() -> None:
+    import numpy as np
+
+    act = validate_action(
+        LIFT2, {"action": np.linspace(0, 1, 16, dtype=np.float32), "control_type": "joint_position"}
+    )
+    body = LegacyCodec().encode({"0": act})
+    assert LegacyCodec().decode(body) == {"0": act}

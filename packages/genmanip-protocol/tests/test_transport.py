@@ -403,6 +403,9 @@ def test_tls_verifies_with_ca_file_and_refuses_without(tls_server: tuple[_Server
         assert t.get("/echo").json()["auth"] == f"Bearer {TOKEN}"
         assert t.get("/echo").status == 200
         assert t.connections_opened == 1
+        # A copy sent to a worker process keeps trusting the same CA (and reconnects lazily).
+        with pickle.loads(pickle.dumps(t)) as copy:
+            assert copy.get("/echo").status == 200
     with HttpTransport(url, timeout=3) as t, pytest.raises(ConnectError) as ei:
         t.get("/echo")
     assert "certificate" in str(ei.value)

@@ -6,8 +6,8 @@ import argparse
 from pathlib import Path
 
 import pytest
-
-from genmanip.cli import _args, main as main_mod
+from genmanip.cli import _args
+from genmanip.cli import main as main_mod
 from genmanip.cli.parser import EXIT_CODES, build_parser
 from genmanip_protocol.errors import ExitCode
 
@@ -191,7 +191,7 @@ def test_logging_levels() -> None:
 
 
 def test_handler_spec_must_name_a_function() -> None:
-    with pytest.raises(ValueError, match="package.module:function"):
+    with pytest.raises(ValueError, match=r"package\.module:function"):
         main_mod.resolve_handler("genmanip.validate")
 
 

@@ -6,10 +6,9 @@ import argparse
 import pkgutil
 import re
 
-import pytest
-
 import genmanip
 import genmanip.cli.specs as specs_pkg
+import pytest
 from genmanip.cli import _args
 from genmanip.cli.parser import SPEC_MODULES, build_parser
 
@@ -54,36 +53,41 @@ def test_viz_alone_serves_and_build_builds() -> None:
 
 
 ALIASES = [
-    (["eval", "--worker-ids", "0,1"], ["eval", "--worker_ids", "0,1"], "worker_ids"),
-    (["eval", "--run-id", "r"], ["eval", "--run_id", "r"], "run_id"),
-    (["eval", "--arm-type", "franka"], ["eval", "--arm_type", "franka"], "arm_type"),
-    (["eval", "--gripper-type", "robotiq"], ["eval", "--gripper_type", "robotiq"], "gripper_type"),
-    (["eval", "--control-type", "ee_pose"], ["eval", "--control_type", "ee_pose"], "control_type"),
-    (["eval", "--chunk-size", "4"], ["eval", "--chunk_size", "4"], "chunk_size"),
-    (["eval", "--results-dir", "d"], ["eval", "--results_dir", "d"], "results_dir"),
-    (["eval", "--no-record"], ["eval", "--no_save_process"], "record"),
-    (["eval", "--plot-on-episode-end"], ["eval", "--plot_on_episode_end"], "plot_on_episode_end"),
-    (["submit", "c", "--run-id", "r"], ["submit", "c", "--run_id", "r"], "run_id"),
-    (["clean", "--root", "x"], ["clean", "--project_root", "x"], "root"),
-    (["clean", "--dry-run"], ["clean", "--dry_run"], "dry_run"),
-    (["viz", "--root", "x"], ["viz", "--project_root", "x"], "root"),
-    (["online", "create", "--base-url", "u"], ["online", "create", "--base_url", "u"], "base_url"),
-    (["online", "submit", "--print-endpoint"], ["online", "submit", "--print_endpoint"], "print_endpoint"),
-    (["leaderboard", "list", "--root", "x"], ["leaderboard", "list", "--project-root", "x"], "root"),
-    (["leaderboard", "status", "1", "--token", "t"], ["leaderboard", "status", "1", "--user_token", "t"], "token"),
-    (["testbed", "serve", "--no-save-process"], ["testbed", "serve", "--no_save_process"], "save_process"),
+    # (command, hyphenated flag args, reference spelling args, dest)
+    (["eval"], ["--worker-ids", "0,1"], ["--worker_ids", "0,1"], "worker_ids"),
+    (["eval"], ["--run-id", "r"], ["--run_id", "r"], "run_id"),
+    (["eval"], ["--arm-type", "franka"], ["--arm_type", "franka"], "arm_type"),
+    (["eval"], ["--gripper-type", "robotiq"], ["--gripper_type", "robotiq"], "gripper_type"),
+    (["eval"], ["--control-type", "ee_pose"], ["--control_type", "ee_pose"], "control_type"),
+    (["eval"], ["--chunk-size", "4"], ["--chunk_size", "4"], "chunk_size"),
+    (["eval"], ["--results-dir", "d"], ["--results_dir", "d"], "results_dir"),
+    (["eval"], ["--robot", "franka"], ["--robot_id", "franka"], "robot"),
+    (["eval"], ["--no-record"], ["--no_save_process"], "record"),
+    (["eval"], ["--plot-on-episode-end"], ["--plot_on_episode_end"], "plot_on_episode_end"),
+    (["submit", "c"], ["--run-id", "r"], ["--run_id", "r"], "run_id"),
+    (["status"], ["--run-id", "r"], ["--run_id", "r"], "run_id"),
+    (["clean"], ["--root", "x"], ["--project_root", "x"], "root"),
+    (["clean"], ["--dry-run"], ["--dry_run"], "dry_run"),
+    (["viz"], ["--root", "x"], ["--project_root", "x"], "root"),
+    (["online", "create"], ["--base-url", "u"], ["--base_url", "u"], "base_url"),
+    (["online", "create"], ["--model-name", "m"], ["--model_name", "m"], "model_name"),
+    (["online", "submit"], ["--print-endpoint"], ["--print_endpoint"], "print_endpoint"),
+    (["online", "run"], ["--worker-ids", "3"], ["--worker_ids", "3"], "worker_ids"),
+    (["leaderboard", "list"], ["--root", "x"], ["--project-root", "x"], "root"),
+    (["leaderboard", "status", "1"], ["--token", "t"], ["--user_token", "t"], "token"),
+    (["leaderboard", "bundle", "r"], ["--include-videos"], ["--include_videos"], "include_videos"),
+    (["testbed", "serve"], ["--no-save-process"], ["--no_save_process"], "save_process"),
 ]
 
 
-@pytest.mark.parametrize(("new", "old", "dest"), ALIASES, ids=lambda x: x if isinstance(x, str) else None)
-def test_reference_spellings_parse_to_the_same_dest(new: list[str], old: list[str], dest: str) -> None:
+@pytest.mark.parametrize(("cmd", "new", "old", "dest"), ALIASES,
+                         ids=[f"{' '.join(c[:2])} {o[0]}" for c, _, o, _ in ALIASES])
+def test_reference_spellings_parse_to_the_same_dest(
+    cmd: list[str], new: list[str], old: list[str], dest: str
+) -> None:
     p = build_parser()
-    a, b = vars(p.parse_args(new)), vars(p.parse_args(old))
-    assert a[dest] == b[dest]
-    default = vars(p.parse_args(new[: 2 if new[0] in ("online", "leaderboard", "testbed") else 1]
-                               + [x for x in new[2:] if not x.startswith("-")][:0]
-                               + (["c"] if new[0] == "submit" else [])
-                               + (["1"] if new[:2] == ["leaderboard", "status"] else [])))
+    a, b = vars(p.parse_args(cmd + new)), vars(p.parse_args(cmd + old))
+    default = vars(p.parse_args(cmd))
     assert a[dest] != default[dest], f"{dest} did not change from its default"
     assert a == b
 

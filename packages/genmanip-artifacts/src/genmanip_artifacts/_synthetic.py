@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-
 from genmanip_protocol.robots import RobotSpec, get_robot
 
 __all__ = ["frame_marker", "render_frame", "write_client_episode", "write_server_episode"]
@@ -49,7 +48,8 @@ def _trajectory(robot: RobotSpec, n: int, seed: int) -> tuple[np.ndarray, np.nda
     phase = rng.uniform(0, np.pi, size=(1, robot.action_dim))
     freq = np.linspace(0.01, 0.05, robot.action_dim)[None, :]
     act = 0.6 * np.sin(freq * t + phase)
-    for sl, (lo, hi) in zip(robot.gripper_slices, [(robot.gripper_closed, robot.gripper_open)] * 2):
+    for sl in robot.gripper_slices:
+        lo, hi = robot.gripper_closed, robot.gripper_open
         g = (np.sin(t / 40.0) > 0).astype(np.float64)
         act[:, sl] = np.asarray(lo)[None, :] + g * (np.asarray(hi) - np.asarray(lo))[None, :]
     base = np.concatenate([0.001 * t, 0.0005 * t, 0.002 * t], axis=1)
@@ -94,7 +94,11 @@ def write_client_episode(
     dim = robot.action_dim if robot else 5
     spec = robot or get_robot("manip/franka/panda_hand")
     act, base = _trajectory(spec, n_steps, seed=len(task))
-    act = act[:, :dim] if robot else np.sin(np.arange(n_steps)[:, None] / 10.0 + np.arange(dim)[None, :])
+    act = (
+        act[:, :dim]
+        if robot
+        else np.sin(np.arange(n_steps)[:, None] / 10.0 + np.arange(dim)[None, :])
+    )
     rows = []
     n_obs = 0
     for s in range(n_steps):
@@ -108,7 +112,11 @@ def write_client_episode(
             prev = act[max(s - 1, 0)]
             if robot:
                 arms, grips = robot.split_joint_action(list(prev))
-                state = {"joints": arms, "gripper": grips, "base": list(base[s]) if robot.has_base else [0.0] * 3}
+                state = {
+                    "joints": arms,
+                    "gripper": grips,
+                    "base": list(base[s]) if robot.has_base else [0.0] * 3,
+                }
             else:
                 state = {"joints": list(prev[:3]), "gripper": list(prev[3:]), "extra": [float(s)]}
         row = {
@@ -137,11 +145,21 @@ def write_client_episode(
             for j in range(n_frames):
                 vw.write(render_frame(j, h, w, seed=k))
     if complete:
-        (ep / "result.json").write_text(json.dumps({
-            "episode_id": f"{benchmark}/{run_id}/{task}/{seed}", "task_name": task, "seed": seed,
-            "score": 1.0, "sr": 1.0, "steps": n_steps, "robot_id": robot_id, "worker_id": "0",
-            "instruction": "pick up the red block and place it in the bowl",
-        }))
+        (ep / "result.json").write_text(
+            json.dumps(
+                {
+                    "episode_id": f"{benchmark}/{run_id}/{task}/{seed}",
+                    "task_name": task,
+                    "seed": seed,
+                    "score": 1.0,
+                    "sr": 1.0,
+                    "steps": n_steps,
+                    "robot_id": robot_id,
+                    "worker_id": "0",
+                    "instruction": "pick up the red block and place it in the bowl",
+                }
+            )
+        )
     else:
         (ep / "INCOMPLETE").write_text("")
     return ep
@@ -171,7 +189,7 @@ def write_server_episode(
     cameras = cameras or {"obs_camera": (160, 120), "realsense": (160, 120)}
     ep = project_root / "saved" / "eval_results" / benchmark / run_id / task / seed
     ep.mkdir(parents=True, exist_ok=True)
-    act, base = _trajectory(robot, n_steps, seed=1)
+    act, _ = _trajectory(robot, n_steps, seed=1)
     joints, grips = [], []
     for s in range(n_steps):
         arms, g = robot.split_joint_action(list(act[max(s - 1, 0)]))
@@ -182,18 +200,29 @@ def write_server_episode(
         "gripper_positions": grips,
         "base_positions": [[0.0, 0.0, 0.0] for _ in range(n_steps)],
         "instruction": "insert the peg",
-        "model_output": [{"arm_action": act[s].astype(np.float32), "base_motion": [0.0, 0.0, 0.0]}
-                         for s in range(n_steps)],
+        "model_output": [
+            {"arm_action": act[s].astype(np.float32), "base_motion": [0.0, 0.0, 0.0]}
+            for s in range(n_steps)
+        ],
         "robot_id": robot_id,
     }
     (ep / "meta_record.pkl").write_bytes(pickle.dumps(meta, protocol=4))
     for k, (name, (w, h)) in enumerate(cameras.items()):
+        # The reset observation's frame, then one per step (as the server records them).
         with VideoWriter(ep / f"{name}.mp4", w, h) as vw:
-            for j in range(n_steps):
+            for j in range(n_steps + 1):
                 vw.write(render_frame(j, h, w, seed=k))
-    (ep / "result_info.json").write_text(json.dumps({
-        "score": 0.5, "success_rate": 0,
-        "log_info": {"episode_start_time": "2026-01-01_00_00_00_000000",
-                     "episode_end_time": "2026-01-01_00_01_00_000000", "metric_score": [[[0.5]]]},
-    }))
+    (ep / "result_info.json").write_text(
+        json.dumps(
+            {
+                "score": 0.5,
+                "success_rate": 0,
+                "log_info": {
+                    "episode_start_time": "2026-01-01_00_00_00_000000",
+                    "episode_end_time": "2026-01-01_00_01_00_000000",
+                    "metric_score": [[[0.5]]],
+                },
+            }
+        )
+    )
     return ep

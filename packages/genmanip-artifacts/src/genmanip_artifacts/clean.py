@@ -60,11 +60,29 @@ LOCK_STALE_S = 300.0
 
 _REFERENCE_MERGED = re.compile(r"^merged_with_plot_[0-9a-f]{8}\.mp4$")
 _PLOT_NAMES = frozenset((*PLOT_OUTPUTS, MERGED_VIDEO + ".part"))
-_EPISODE_MARKERS = ("steps.jsonl", "result.json", "result_info.json", "meta_record.pkl", "INCOMPLETE")
+_EPISODE_MARKERS = (
+    "steps.jsonl",
+    "result.json",
+    "result_info.json",
+    "meta_record.pkl",
+    "INCOMPLETE",
+)
 # Never descended into: other people's trees that happen to sit under a project root.
 _SKIP_DIRS = frozenset(
-    {".git", ".hg", ".svn", "node_modules", ".venv", "venv", ".tox", "__pycache__", ".mypy_cache",
-     ".ruff_cache", ".pytest_cache", ".hypothesis"}
+    {
+        ".git",
+        ".hg",
+        ".svn",
+        "node_modules",
+        ".venv",
+        "venv",
+        ".tox",
+        "__pycache__",
+        ".mypy_cache",
+        ".ruff_cache",
+        ".pytest_cache",
+        ".hypothesis",
+    }
 )
 _PROTECTED = (("saved", "tasks"), ("saved", "demonstrations"))
 _CACHE_SUBDIRS = (("logs", "logs"), ("meshes", "mesh-cache"), ("downloads", "download-cache"))
@@ -194,7 +212,8 @@ def _within(path: Path, base: Path) -> bool:
 
 
 def _newest_activity(run_dir: Path) -> float:
-    """Newest mtime in a run, ignoring the files written when a run is submitted or cleaned."""
+    """Newest mtime in a run, ignoring what is written after a run ends (submission flag, viewer
+    caches, plots) and the locks (checked separately)."""
     newest = 0.0
     stack = [run_dir]
     while stack:
@@ -205,15 +224,22 @@ def _newest_activity(run_dir: Path) -> float:
         except OSError:
             continue
         for e in entries:
-            if e.name == "submitted.flag" or e.name.startswith(VIEWER_CACHE_PREFIX) or e.name.endswith(".lock"):
+            if (
+                e.name == "submitted.flag"
+                or e.name.startswith(VIEWER_CACHE_PREFIX)
+                or e.name.endswith(".lock")
+                or e.name in _PLOT_NAMES
+            ):
                 continue
             try:
                 st = e.stat(follow_symlinks=False)
             except OSError:
                 continue
             if stat.S_ISDIR(st.st_mode):
+                # A directory's mtime moves when a plot or cache is added: only files count.
                 stack.append(Path(e.path))
-            newest = max(newest, st.st_mtime)
+            else:
+                newest = max(newest, st.st_mtime)
     return newest
 
 
@@ -225,7 +251,11 @@ def _fresh_locks(run_dir: Path, now: float) -> list[str]:
 
         for lock in read_locks(run_dir, now=now, stale_after=LOCK_STALE_S):
             if not lock.stale:
-                out.append(str(Path(lock.path).relative_to(run_dir)) if Path(lock.path).is_absolute() else str(lock.path))
+                out.append(
+                    str(Path(lock.path).relative_to(run_dir))
+                    if Path(lock.path).is_absolute()
+                    else str(lock.path)
+                )
     except GenmanipError:
         pass
     # Independent of the JSON content: a lock file touched recently is live, whatever it says.
@@ -298,7 +328,9 @@ def _add(ctx: _Ctx, path: Path, category: str, st: os.stat_result, note: str = "
     if stat.S_ISDIR(st.st_mode):
         size, protected = _tree_size(path)
         if protected is not None:
-            ctx.plan.refused.append(Refusal(path, category, f"contains write-protected {protected.name} (kept)"))
+            ctx.plan.refused.append(
+                Refusal(path, category, f"contains write-protected {protected.name} (kept)")
+            )
             return
         ctx.plan.items.append(CleanItem(path, category, size, "dir", note))
     else:
@@ -343,7 +375,7 @@ def _walk_root(ctx: _Ctx) -> None:
             is_link = stat.S_ISLNK(st.st_mode)
             if stat.S_ISDIR(st.st_mode):
                 rel = path.relative_to(root).parts
-                if e.name in _SKIP_DIRS or any(rel[-len(p):] == p for p in _PROTECTED):
+                if e.name in _SKIP_DIRS or any(rel[-len(p) :] == p for p in _PROTECTED):
                     continue
                 stack.append(path)
                 continue
@@ -352,8 +384,12 @@ def _walk_root(ctx: _Ctx) -> None:
                 _add(ctx, path, "viewer-cache", st)
             elif plot_dir and (name in _PLOT_NAMES or _REFERENCE_MERGED.match(name)):
                 _add(ctx, path, "plots", st)
-            elif (name.endswith(".tmp") and not in_results and not is_link
-                  and ctx.now - st.st_mtime > TMP_MAX_AGE_S):
+            elif (
+                name.endswith(".tmp")
+                and not in_results
+                and not is_link
+                and ctx.now - st.st_mtime > TMP_MAX_AGE_S
+            ):
                 _add(ctx, path, "tmp", st, note=f"{int((ctx.now - st.st_mtime) // 3600)} h old")
 
 
@@ -363,7 +399,11 @@ def _plan_cache(ctx: _Ctx, cache_dir: Path, all_caches: bool) -> None:
     except OSError:
         return
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        ctx.plan.refused.append(Refusal(cache_dir, "cache", "cache directory is a symlink or not a directory; not followed"))
+        ctx.plan.refused.append(
+            Refusal(
+                cache_dir, "cache", "cache directory is a symlink or not a directory; not followed"
+            )
+        )
         return
     for sub, category in _CACHE_SUBDIRS:
         if category == "download-cache" and not all_caches:
@@ -374,7 +414,9 @@ def _plan_cache(ctx: _Ctx, cache_dir: Path, all_caches: bool) -> None:
         except OSError:
             continue
         if stat.S_ISLNK(dst.st_mode) or not stat.S_ISDIR(dst.st_mode):
-            ctx.plan.refused.append(Refusal(d, category, "a symlink or not a directory; not followed"))
+            ctx.plan.refused.append(
+                Refusal(d, category, "a symlink or not a directory; not followed")
+            )
             continue
         try:
             with os.scandir(d) as it:
@@ -402,7 +444,10 @@ def _plan_cache(ctx: _Ctx, cache_dir: Path, all_caches: bool) -> None:
 
 def _results_trees(root: Path) -> list[str]:
     """Absolute paths of every results tree under ``root`` (by name and by discovery)."""
-    trees = {os.path.abspath(root / "saved" / "eval_results"), os.path.abspath(root / "client_results")}
+    trees = {
+        os.path.abspath(root / "saved" / "eval_results"),
+        os.path.abspath(root / "client_results"),
+    }
     env = os.environ.get("GENMANIP_RESULT_DIR")
     if env:
         trees.add(os.path.abspath(env))
@@ -423,7 +468,9 @@ def _plan_results(ctx: _Ctx, force: bool) -> None:
     except OSError:
         return
     if stat.S_ISLNK(bst.st_mode):
-        ctx.plan.refused.append(Refusal(base, "results", "saved/eval_results is a symlink; not followed"))
+        ctx.plan.refused.append(
+            Refusal(base, "results", "saved/eval_results is a symlink; not followed")
+        )
         return
     from genmanip_protocol.results import find_runs
 
@@ -432,26 +479,39 @@ def _plan_results(ctx: _Ctx, force: bool) -> None:
         if run.layout != "server":
             continue
         if not _within(path, base):
-            ctx.plan.refused.append(Refusal(path, "results", "outside saved/eval_results; not followed"))
+            ctx.plan.refused.append(
+                Refusal(path, "results", "outside saved/eval_results; not followed")
+            )
             continue
         st = os.lstat(path)
         if stat.S_ISLNK(st.st_mode):
-            ctx.plan.refused.append(Refusal(path, "results", "run directory is a symlink; not followed"))
+            ctx.plan.refused.append(
+                Refusal(path, "results", "run directory is a symlink; not followed")
+            )
             continue
         live = _run_liveness(path, ctx.now)
         if live is not None:
-            ctx.plan.refused.append(Refusal(path, "results", live + " (never deleted, even with --force)"))
+            ctx.plan.refused.append(
+                Refusal(path, "results", live + " (never deleted, even with --force)")
+            )
             continue
         if run.submitted is None and not force:
             ctx.plan.refused.append(
-                Refusal(path, "results", "not submitted to a leaderboard (no submitted.flag); --force deletes it")
+                Refusal(
+                    path,
+                    "results",
+                    "not submitted to a leaderboard (no submitted.flag); --force deletes it",
+                )
             )
             continue
         note = "submitted" if run.submitted is not None else "NOT submitted (--force)"
-        # Plots and viewer caches inside the run go with it: drop their separate entries.
-        prefix = os.path.abspath(path) + os.sep
-        ctx.plan.items = [i for i in ctx.plan.items if not os.path.abspath(i.path).startswith(prefix)]
         _add(ctx, path, "results", st, note=f"{run.benchmark}/{run.run_id}, {note}")
+        if ctx.plan.items and ctx.plan.items[-1].path == path:
+            # Plots and viewer caches inside the run go with it: drop their separate entries.
+            prefix = os.path.abspath(path) + os.sep
+            ctx.plan.items = [
+                i for i in ctx.plan.items if not os.path.abspath(i.path).startswith(prefix)
+            ]
 
 
 def plan_clean(
@@ -483,7 +543,9 @@ def plan_clean(
     cache = Path(os.path.abspath(cache_dir if cache_dir is not None else default_cache_dir()))
     now = time.time() if now is None else now
     plan = CleanPlan(root=root, cache_dir=cache)
-    ctx = _Ctx(root=root, plots=plots, now=now, results_dirs=_results_trees(root), plan=plan, seen=set())
+    ctx = _Ctx(
+        root=root, plots=plots, now=now, results_dirs=_results_trees(root), plan=plan, seen=set()
+    )
     _walk_root(ctx)
     _plan_cache(ctx, cache, all_caches)
     if results:
@@ -572,7 +634,9 @@ def execute_clean(plan: CleanPlan, *, now: float | None = None) -> CleanReport:
             else:
                 os.unlink(path)
         except _LiveLockFound as exc:
-            report.refused.append(Refusal(path, item.category, f"live lock {exc} appeared; stopped"))
+            report.refused.append(
+                Refusal(path, item.category, f"live lock {exc} appeared; stopped")
+            )
             continue
         except OSError as exc:
             report.failed.append((item, exc.strerror or str(exc)))

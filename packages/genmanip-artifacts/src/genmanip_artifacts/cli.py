@@ -39,7 +39,9 @@ def _episode_subdir(ep_dir: Path, index: int) -> Path:
 
     try:
         info = load_episode(ep_dir)
-        return Path(safe_relative_path(f"{info.benchmark}/{info.run_id}/{info.task_name}/{info.seed}"))
+        return Path(
+            safe_relative_path(f"{info.benchmark}/{info.run_id}/{info.task_name}/{info.seed}")
+        )
     except (GenmanipError, OSError, ValueError):
         return Path(f"episode_{index:04d}")
 
@@ -171,9 +173,10 @@ def clean(args: argparse.Namespace) -> int:
     [--cache-dir DIR]``.
 
     Lists what would go by category with sizes (stdout). Deletes only with ``--yes`` or after a
-    confirmation on a terminal. Exit: 0 done (or listed in a dry run), NOTHING_TO_DO when nothing
-    matched, REFUSED when something matching was kept for safety (or the prompt was declined),
-    FAILURE when a deletion failed.
+    confirmation on a terminal. Exit: 0 done (or listed in a dry run); NOTHING_TO_DO when nothing
+    matched; REFUSED when a run asked for with ``--results`` was kept for safety, when everything
+    that matched was kept (write-protected, symlinked), or when the prompt was declined; FAILURE
+    when a deletion failed.
     """
     console = Console.from_args(args)
     everything = bool(getattr(args, "all", False))
@@ -187,6 +190,9 @@ def clean(args: argparse.Namespace) -> int:
     )
     for r in plan.refused:
         console.warn(f"kept {_show(r.path, plan)}: {r.reason}")
+    # A run asked for with --results but kept for safety makes the whole command "refused";
+    # a write-protected cache file is only a warning.
+    refused_runs = any(r.category == "results" for r in plan.refused)
     if not plan.items:
         if plan.refused:
             console.info(f"nothing deleted; {len(plan.refused)} item(s) kept for safety")
@@ -199,18 +205,20 @@ def clean(args: argparse.Namespace) -> int:
         _print_plan(plan, heading="would delete")
         if dry:
             console.info("dry run: nothing deleted")
-            return int(ExitCode.REFUSED if plan.refused else ExitCode.OK)
+            return int(ExitCode.REFUSED if refused_runs else ExitCode.OK)
         if not _interactive():
             console.info("dry run (not a terminal): nothing deleted; add --yes to delete")
-            return int(ExitCode.REFUSED if plan.refused else ExitCode.OK)
-        if not _confirm(console, f"delete {len(plan.items)} item(s), {format_size(plan.total_bytes)}?"):
+            return int(ExitCode.REFUSED if refused_runs else ExitCode.OK)
+        if not _confirm(
+            console, f"delete {len(plan.items)} item(s), {format_size(plan.total_bytes)}?"
+        ):
             console.info("nothing deleted")
             return int(ExitCode.REFUSED)
     report = execute_clean(plan)
     _print_report(report, plan, console)
     if report.failed:
         return int(ExitCode.FAILURE)
-    if report.refused:
+    if refused_runs or any(r.category == "results" for r in report.refused):
         return int(ExitCode.REFUSED)
     return int(ExitCode.OK)
 
@@ -220,7 +228,7 @@ def _print_report(report: CleanReport, plan: CleanPlan, console: Console) -> Non
     sys.stdout.flush()
     for item, why in report.failed:
         console.error(f"could not delete {_show(item.path, plan)}: {why}")
-    new_refusals = report.refused[len(plan.refused):]
+    new_refusals = report.refused[len(plan.refused) :]
     for r in new_refusals:
         console.warn(f"kept {_show(r.path, plan)}: {r.reason}")
     console.info(f"freed {format_size(report.bytes_freed)} in {len(report.removed)} item(s)")

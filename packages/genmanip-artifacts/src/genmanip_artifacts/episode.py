@@ -9,14 +9,12 @@ unpickler (``genmanip_protocol.codec``). Where the episode and its videos are is
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-
 from genmanip_protocol.errors import GenmanipError
 from genmanip_protocol.robots import CAMERA_ORDER, ROBOTS, RobotSpec
 
@@ -49,7 +47,11 @@ class EpisodeSeries:
         is_rel, base_is_rel: the action flags when every row agrees, else None (absent or mixed).
         base_motion: (M, 3) float64 ``[x m, y m, yaw deg]`` or None when never sent.
         frame_timesteps: video frame index -> simulator timestep of that observation, for every
-            frame a row (or, server layout, a state row) refers to.
+            frame whose timestep the recording states (client: the rows' ``frame``/``obs_timestep``;
+            server: frame ``j`` is the observation at timestep ``j``, frame 0 the reset one).
+        frames_required: how many frames every camera video must have at least (client: the
+            highest referenced frame + 1; server: one per recorded step).
+        last_obs_t: the last timestep an observation can have (the last step + 1).
         videos: camera name (``left_camera``) -> mp4 path, in display order.
         warnings: non-fatal findings (unreferenced frames, ...), one line each.
     """
@@ -69,6 +71,8 @@ class EpisodeSeries:
     base_motion: np.ndarray | None
     base_is_rel: bool | None
     frame_timesteps: dict[int, int]
+    frames_required: int
+    last_obs_t: int
     videos: dict[str, Path]
     warnings: list[str] = field(default_factory=list)
 
@@ -78,12 +82,14 @@ class EpisodeSeries:
 
     @property
     def t_range(self) -> tuple[int, int]:
-        """Smallest and largest simulator timestep over states and actions."""
+        """The plotted time range: first timestep to the end of the last action (step + 1)."""
         ts = [a for a in (self.state_t, self.action_t) if a.size]
         if not ts:
             return (0, 1)
         lo = min(int(a.min()) for a in ts)
-        hi = max(int(a.max()) for a in ts)
+        hi = int(self.state_t.max()) if self.state_t.size else lo
+        if self.action_t.size:
+            hi = max(hi, int(self.action_t.max()) + 1)
         return (lo, max(hi, lo + 1))
 
 
@@ -134,7 +140,7 @@ def _stack(rows: Sequence[list[float]], what: str, lines: Sequence[int], src: st
     if not rows:
         return np.zeros((0, 0), dtype=np.float64)
     n0 = len(rows[0])
-    for r, ln in zip(rows, lines):
+    for r, ln in zip(rows, lines, strict=True):
         if len(r) != n0:
             raise ValueError(
                 f"{src}: ragged rows: {what} has {n0} values on line {lines[0]} "
@@ -189,7 +195,9 @@ def _read_steps_jsonl(steps_file: Path) -> list[tuple[int, dict[str, Any]]]:
     return rows
 
 
-def _int_field(row: Mapping[str, Any], key: str, where: str, *, nullable: bool = False) -> int | None:
+def _int_field(
+    row: Mapping[str, Any], key: str, where: str, *, nullable: bool = False
+) -> int | None:
     v = row.get(key)
     if v is None and nullable:
         return None
@@ -241,7 +249,9 @@ def _series_from_steps(
             if robot_id is None:
                 robot_id = rid
             elif rid != robot_id:
-                raise ValueError(f"{where}: robot_id: {rid!r} differs from {robot_id!r} on earlier rows")
+                raise ValueError(
+                    f"{where}: robot_id: {rid!r} differs from {robot_id!r} on earlier rows"
+                )
         step = _int_field(row, "step", where)
         obs_t = _int_field(row, "obs_timestep", where)
         frame = _int_field(row, "frame", where, nullable=True)
@@ -274,9 +284,13 @@ def _series_from_steps(
             if state_keys is None:
                 state_keys = keys
             elif keys != state_keys:
-                raise ValueError(f"{where}: state keys {keys} differ from {state_keys} on earlier rows")
+                raise ValueError(
+                    f"{where}: state keys {keys} differ from {state_keys} on earlier rows"
+                )
             for k in keys:
-                state_rows.setdefault(k, []).append(_flatten_numbers(state[k], f"{where}: state.{k}"))
+                state_rows.setdefault(k, []).append(
+                    _flatten_numbers(state[k], f"{where}: state.{k}")
+                )
             state_t.append(obs_t)
             state_lines.append(ln)
         act = row.get("action")
@@ -419,18 +433,19 @@ def _series_from_meta(
     if not act_rows:
         actions = np.zeros((0, 0), dtype=np.float64)
     base = np.asarray(base_rows, dtype=np.float64) if any_base else None
-    ts = np.arange(n, dtype=np.int64)
-    # The server records one frame per recorded state: frame i is the observation of row i.
+    # The server's recorder (as the testbed reproduces it) stores the reset observation's frame,
+    # then after every step the applied action, the resulting state and that observation's frame:
+    # row i = action of step i and the state at timestep i + 1; frame j = timestep j.
     return (
         robot_id,
         instruction if isinstance(instruction, str) else None,
-        ts,
+        np.arange(1, n + 1, dtype=np.int64),
         state,
         np.arange(len(act_rows), dtype=np.int64),
         actions,
         "ee_pose" if nested else "joint_position",
         base,
-        {i: i for i in range(n)},
+        {j: j for j in range(n + 1)},
     )
 
 
@@ -454,7 +469,6 @@ def load_series(ep_dir: Path | str) -> EpisodeSeries:
     except GenmanipError as exc:
         raise EpisodeDataError(f"{ep_dir}: {exc}", path=ep_dir) from exc
     videos = order_cameras(dict(info.videos))
-    result_robot: str | None = None
     instruction: str | None = None
     warnings: list[str] = []
     try:
@@ -473,29 +487,26 @@ def load_series(ep_dir: Path | str) -> EpisodeSeries:
                 frame_ts,
                 warnings,
             ) = _series_from_steps(info.steps_file)
-            res = ep_dir / "result.json"
-            if res.is_file():
-                try:
-                    meta = json.loads(res.read_text(encoding="utf-8"))
-                    if isinstance(meta, dict):
-                        if isinstance(meta.get("instruction"), str):
-                            instruction = meta["instruction"]
-                        if isinstance(meta.get("robot_id"), str):
-                            result_robot = meta["robot_id"]
-                except (OSError, ValueError):
-                    warnings.append("result.json unreadable; instruction not shown")
-            robot_id = robot_id or result_robot
+            # result.json (read by the results discovery) carries the instruction.
+            instruction = info.instruction
+            robot_id = robot_id or info.robot_id
+            frames_required = max(frame_ts) + 1 if frame_ts else 0
         elif info.meta_record is not None and info.meta_record.is_file():
             layout = "server"
             (robot_id, instruction, state_t, state, action_t, action, ctype, base, frame_ts) = (
-                _series_from_meta(info.meta_record, None)
+                _series_from_meta(info.meta_record, info.robot_id)
             )
             is_rel = base_is_rel = None
+            frames_required = max(len(frame_ts) - 1, 0)
         else:
-            raise ValueError("no steps.jsonl or meta_record.pkl (nothing recorded for this episode)")
+            raise ValueError(
+                "no steps.jsonl or meta_record.pkl (nothing recorded for this episode)"
+            )
         robot = _robot_for(robot_id)
         if robot is not None:
-            _check_state_dims(robot, state, "steps.jsonl" if layout == "client" else "meta_record.pkl")
+            _check_state_dims(
+                robot, state, "steps.jsonl" if layout == "client" else "meta_record.pkl"
+            )
             if ctype == "joint_position" and action.size and action.shape[1] != robot.action_dim:
                 raise ValueError(
                     f"action: expected {robot.action_dim} values (joint_position for "
@@ -521,10 +532,10 @@ def load_series(ep_dir: Path | str) -> EpisodeSeries:
         base_motion=base,
         base_is_rel=base_is_rel,
         frame_timesteps=frame_ts,
+        frames_required=frames_required,
+        last_obs_t=int(
+            max(action_t.max() + 1 if action_t.size else 0, state_t.max() if state_t.size else 0)
+        ),
         videos=videos,
         warnings=warnings,
     )
-
-
-def _finite_or_nan(x: float) -> float:
-    return x if math.isfinite(x) else float("nan")

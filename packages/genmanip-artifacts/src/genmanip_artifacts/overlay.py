@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-
 from genmanip_protocol.errors import GenmanipError
 
 from .episode import EpisodeSeries
@@ -34,7 +33,7 @@ CAMERA_HEIGHT = 360
 
 
 def _even(x: float) -> int:
-    return max(2, int(round(x / 2.0)) * 2)
+    return max(2, round(x / 2.0) * 2)
 
 
 @dataclass(frozen=True)
@@ -52,10 +51,15 @@ class OverlayLayout:
     cams: list[tuple[int, int]] = field(default_factory=list)
 
 
-def plan_layout(sizes: list[tuple[int, int]], *, max_width: int = MAX_WIDTH,
-                min_width: int = MIN_WIDTH, cam_height: int = CAMERA_HEIGHT) -> OverlayLayout:
+def plan_layout(
+    sizes: list[tuple[int, int]],
+    *,
+    max_width: int = MAX_WIDTH,
+    min_width: int = MIN_WIDTH,
+    cam_height: int = CAMERA_HEIGHT,
+) -> OverlayLayout:
     """Layout for cameras of ``sizes`` = [(width, height), ...] (all scaled to one height)."""
-    hc = _even(min(cam_height, min(h for _, h in sizes)))
+    hc = _even(min(cam_height, *(h for _, h in sizes)))
     widths = [_even(w * hc / h) for w, h in sizes]
     if sum(widths) > max_width:
         hc = _even(hc * max_width / sum(widths))
@@ -68,43 +72,61 @@ def plan_layout(sizes: list[tuple[int, int]], *, max_width: int = MAX_WIDTH,
         cams.append((x, w))
         x += w
     panel_h = _even(max(340, hc))
-    return OverlayLayout(width=total, height=hc + panel_h, cam_height=hc, panel_height=panel_h, cams=cams)
+    return OverlayLayout(
+        width=total, height=hc + panel_h, cam_height=hc, panel_height=panel_h, cams=cams
+    )
 
 
 def frame_timesteps(s: EpisodeSeries, n_frames: int) -> tuple[np.ndarray, list[str]]:
     """Timestep of every one of ``n_frames`` video frames, plus warnings.
 
-    Frames that no step refers to (the terminal observation, say) keep the cursor where the previous
-    referenced frame put it, and are reported in the warnings.
+    Frames with a recorded timestep use it. A frame between two such anchors gets its timestep
+    only when the anchors leave no choice (as many frames between them as timesteps); when every
+    anchor has the same ``timestep - frame`` offset (one frame per observation, as ``gmp eval``
+    records), leading and trailing frames follow that offset up to the last observation. Any other
+    frame keeps the previous frame's cursor and is counted in a warning: never a guess.
 
     Raises:
-        AlignmentError: no step refers to any frame, or a step refers to frame >= n_frames.
+        AlignmentError: no frame has a recorded timestep, or the videos have fewer frames than
+            the recording refers to.
     """
-    if not s.frame_timesteps:
-        raise AlignmentError(f"{s.path}: no recorded step refers to a video frame; cannot align", path=s.path)
-    top = max(s.frame_timesteps)
-    if top >= n_frames:
+    known = {j: t for j, t in s.frame_timesteps.items() if j < n_frames}
+    if not known:
         raise AlignmentError(
-            f"{s.path}: steps refer to frame {top} but the camera videos have only {n_frames} frames",
+            f"{s.path}: no recorded step refers to a video frame; cannot align", path=s.path
+        )
+    if n_frames < s.frames_required:
+        raise AlignmentError(
+            f"{s.path}: steps refer to frame {s.frames_required - 1} but the camera videos have "
+            f"only {n_frames} frames",
             path=s.path,
         )
+    anchors = sorted(known.items())
+    offsets = {t - j for j, t in anchors}
+    dense = len(offsets) == 1
+    offset = next(iter(offsets))
     ts = np.empty(n_frames, dtype=np.float64)
-    known = np.zeros(n_frames, dtype=bool)
-    for j, t in s.frame_timesteps.items():
-        ts[j] = t
-        known[j] = True
-    first = int(np.argmax(known))
-    ts[:first] = ts[first]
-    for j in range(first + 1, n_frames):
-        if not known[j]:
-            ts[j] = ts[j - 1]
+    held = 0
+    nxt = 0  # index into anchors of the first anchor with frame > j
+    for j in range(n_frames):
+        if j in known:
+            ts[j] = known[j]
+            nxt += 1
+            continue
+        prev = anchors[nxt - 1] if nxt > 0 else None
+        after = anchors[nxt] if nxt < len(anchors) else None
+        if prev is not None and after is not None and after[0] - prev[0] == after[1] - prev[1]:
+            ts[j] = prev[1] + (j - prev[0])
+        elif dense and 0 <= j + offset <= s.last_obs_t:
+            ts[j] = j + offset
+        else:
+            ts[j] = prev[1] if prev is not None else anchors[0][1]
+            held += 1
     warnings = []
-    inner = int((~known[first : top + 1]).sum())
-    leading, trailing = first, n_frames - 1 - top
-    if leading or inner:
-        warnings.append(f"{leading + inner} video frames are referenced by no step (cursor held)")
-    if trailing:
-        warnings.append(f"{trailing} trailing video frame(s) after the last step's observation (cursor held)")
+    if held:
+        warnings.append(
+            f"{held} of {n_frames} video frames have no recorded timestep (cursor held)"
+        )
     return ts, warnings
 
 
@@ -113,12 +135,13 @@ def _close(it: Iterator[np.ndarray]) -> None:
     if close is not None:
         try:
             close()
-        except Exception:  # noqa: BLE001, S110 - best effort: the reader is being abandoned anyway
+        except Exception:  # noqa: S110 - best effort: the reader is being abandoned anyway
             pass
 
 
-def write_overlay_video(s: EpisodeSeries, out_path: Path, *, fps: float = 30.0,
-                        max_width: int = MAX_WIDTH) -> tuple[int, list[str]]:
+def write_overlay_video(
+    s: EpisodeSeries, out_path: Path, *, fps: float = 30.0, max_width: int = MAX_WIDTH
+) -> tuple[int, list[str]]:
     """Write the overlay video of ``s`` to ``out_path`` (H.264, yuv420p, atomic).
 
     Returns:
@@ -128,9 +151,8 @@ def write_overlay_video(s: EpisodeSeries, out_path: Path, *, fps: float = 30.0,
         EpisodeDataError: no camera video, or one cannot be read.
         AlignmentError: frame counts differ between cameras or do not cover the referenced frames.
     """
-    from PIL import Image
-
     from genmanip_protocol.video import VideoWriter, probe_video, read_video_frames
+    from PIL import Image
 
     if not s.videos:
         raise EpisodeDataError(f"{s.path}: no camera videos to overlay", path=s.path)
@@ -145,11 +167,15 @@ def write_overlay_video(s: EpisodeSeries, out_path: Path, *, fps: float = 30.0,
         sizes.append((int(w), int(h)))
     if len(set(counts.values())) != 1:
         detail = ", ".join(f"{c} {n}" for c, n in counts.items())
-        raise AlignmentError(f"{s.path}: cameras have different frame counts ({detail})", path=s.path)
+        raise AlignmentError(
+            f"{s.path}: cameras have different frame counts ({detail})", path=s.path
+        )
     n_frames = next(iter(counts.values()))
     ts, warnings = frame_timesteps(s, n_frames)
     layout = plan_layout(sizes, max_width=max_width)
-    panel = render_cursor_panel(s, state_panels(s), action_panels(s), layout.width, layout.panel_height)
+    panel = render_cursor_panel(
+        s, state_panels(s), action_panels(s), layout.width, layout.panel_height
+    )
     frame = np.zeros((layout.height, layout.width, 3), dtype=np.uint8)
     panel_view = frame[layout.cam_height :]
     readers = [read_video_frames(p) for p in s.videos.values()]
@@ -169,7 +195,9 @@ def write_overlay_video(s: EpisodeSeries, out_path: Path, *, fps: float = 30.0,
                     x, w = layout.cams[i]
                     if img.shape[0] != layout.cam_height or img.shape[1] != w:
                         img = np.asarray(
-                            Image.fromarray(img).resize((w, layout.cam_height), Image.BILINEAR, reducing_gap=2.0)
+                            Image.fromarray(img).resize(
+                                (w, layout.cam_height), Image.Resampling.BILINEAR, reducing_gap=2.0
+                            )
                         )
                     frame[: layout.cam_height, x : x + w] = img
                 panel.draw_cursor(panel_view, ts[j])

@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-
 from genmanip_protocol.robots import RobotSpec
 
 from .episode import EpisodeSeries
@@ -116,16 +115,25 @@ def _xy_yaw_panels(
     return [xy, yaw]
 
 
-def _generic_panels(x: np.ndarray, parts: dict[str, np.ndarray], what: str, *, steps: bool) -> list[Panel]:
+def _generic_panels(
+    x: np.ndarray, parts: dict[str, np.ndarray], what: str, *, steps: bool
+) -> list[Panel]:
     panels: list[Panel] = []
     for key, arr in parts.items():
         if arr.ndim != 2 or arr.shape[1] == 0:
             continue
         unit = {"joints": "rad", "base": "m / rad"}.get(key, "recorded units")
-        lines = [Line(f"{key}[{i}]", x, arr[:, i], color(i), LEFT_STYLE, steps) for i in range(arr.shape[1])]
+        lines = [
+            Line(f"{key}[{i}]", x, arr[:, i], color(i), LEFT_STYLE, steps)
+            for i in range(arr.shape[1])
+        ]
         panels.append(
-            Panel(f"{what} {key} (all {arr.shape[1]} dims)", f"{key} ({unit})", lines,
-                  [(ln.label, ln.color, ln.style) for ln in lines])
+            Panel(
+                f"{what} {key} (all {arr.shape[1]} dims)",
+                f"{key} ({unit})",
+                lines,
+                [(ln.label, ln.color, ln.style) for ln in lines],
+            )
         )
     return panels
 
@@ -144,7 +152,11 @@ def state_panels(s: EpisodeSeries) -> list[Panel]:
         _per_arm_panel("state: arm joints", "joint position (rad)", x, jb, "joint", steps=False),
         _per_arm_panel(
             "state: gripper" + ("s" if robot.dual_arm else ""),
-            f"gripper ({_gripper_unit(robot)})", x, gb, "gripper", steps=False,
+            f"gripper ({_gripper_unit(robot)})",
+            x,
+            gb,
+            "gripper",
+            steps=False,
         ),
     ]
     if robot.has_base:
@@ -173,22 +185,52 @@ def action_panels(s: EpisodeSeries) -> list[Panel]:
         block = 7 + g
         arms = [act[:, i * block : (i + 1) * block] for i in range(n)]
         panels = [
-            _per_arm_panel(f"action: end-effector position{rel}", "position (m)", x,
-                           [b[:, 0:3] for b in arms], "p", steps=True, names="xyz"),
-            _per_arm_panel(f"action: end-effector orientation{rel}", "quaternion w,x,y,z", x,
-                           [b[:, 3:7] for b in arms], "q", steps=True, names="wxyz"),
-            _per_arm_panel("action: gripper" + ("s" if n > 1 else ""), f"gripper ({_gripper_unit(robot)})",
-                           x, [b[:, 7:] for b in arms], "gripper", steps=True),
+            _per_arm_panel(
+                f"action: end-effector position{rel}",
+                "position (m)",
+                x,
+                [b[:, 0:3] for b in arms],
+                "p",
+                steps=True,
+                names="xyz",
+            ),
+            _per_arm_panel(
+                f"action: end-effector orientation{rel}",
+                "quaternion w,x,y,z",
+                x,
+                [b[:, 3:7] for b in arms],
+                "q",
+                steps=True,
+                names="wxyz",
+            ),
+            _per_arm_panel(
+                "action: gripper" + ("s" if n > 1 else ""),
+                f"gripper ({_gripper_unit(robot)})",
+                x,
+                [b[:, 7:] for b in arms],
+                "gripper",
+                steps=True,
+            ),
         ]
     else:
         jb = [act[:, sl] for sl in robot.arm_slices]
         gb = [act[:, sl] for sl in robot.gripper_slices]
         panels = [
-            _per_arm_panel(f"action: arm joints{rel}", "joint target (rad)", x, jb, "joint", steps=True),
-            _per_arm_panel("action: gripper" + ("s" if n > 1 else "") + " (absolute)",
-                           f"gripper target ({_gripper_unit(robot)})", x, gb, "gripper", steps=True),
+            _per_arm_panel(
+                f"action: arm joints{rel}", "joint target (rad)", x, jb, "joint", steps=True
+            ),
+            _per_arm_panel(
+                "action: gripper" + ("s" if n > 1 else "") + " (absolute)",
+                f"gripper target ({_gripper_unit(robot)})",
+                x,
+                gb,
+                "gripper",
+                steps=True,
+            ),
         ]
     if robot.has_base:
         base = s.base_motion if s.base_motion is not None else np.zeros((act.shape[0], 3))
-        panels += _xy_yaw_panels(x, base, f"action: base_motion{_rel(s.base_is_rel)}", "deg", steps=True)
+        panels += _xy_yaw_panels(
+            x, base, f"action: base_motion{_rel(s.base_is_rel)}", "deg", steps=True
+        )
     return panels

@@ -71,8 +71,9 @@ def _write_atomic(path: Path, data: bytes) -> None:
     atomic_write_bytes(path, data)
 
 
-def _write_log(out_dir: Path, episode_dir: Path, written: list[str], warnings: list[str],
-               seconds: float) -> None:
+def _write_log(
+    out_dir: Path, episode_dir: Path, written: list[str], warnings: list[str], seconds: float
+) -> None:
     now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     lines = [
         PLOT_LOG_SIGNATURE,
@@ -86,7 +87,9 @@ def _write_log(out_dir: Path, episode_dir: Path, written: list[str], warnings: l
     _write_atomic(out_dir / PLOT_LOG, ("\n".join(lines) + "\n").encode("utf-8"))
 
 
-def plot_episode(ep_dir: Path | str, out: Path | str | None = None, video: bool = True) -> PlotResult:
+def plot_episode(
+    ep_dir: Path | str, out: Path | str | None = None, video: bool = True
+) -> PlotResult:
     """Plot one episode: ``action_plot.png``, ``state_plot.png`` and ``merged_with_plot.mp4``.
 
     Args:
@@ -108,16 +111,24 @@ def plot_episode(ep_dir: Path | str, out: Path | str | None = None, video: bool 
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise EpisodeDataError(f"{out_dir}: cannot create output directory ({exc.strerror})", path=ep_dir) from exc
+        raise EpisodeDataError(
+            f"{out_dir}: cannot create output directory ({exc.strerror})", path=ep_dir
+        ) from exc
     warnings = list(series.warnings)
     written: list[str] = []
     try:
-        _write_atomic(out_dir / STATE_PLOT, render_static_plot(series, state_panels(series), "state"))
+        _write_atomic(
+            out_dir / STATE_PLOT, render_static_plot(series, state_panels(series), "state")
+        )
         written.append(STATE_PLOT)
-        _write_atomic(out_dir / ACTION_PLOT, render_static_plot(series, action_panels(series), "action"))
+        _write_atomic(
+            out_dir / ACTION_PLOT, render_static_plot(series, action_panels(series), "action")
+        )
         written.append(ACTION_PLOT)
     except OSError as exc:
-        raise EpisodeDataError(f"{out_dir}: cannot write plots ({exc.strerror})", path=ep_dir) from exc
+        raise EpisodeDataError(
+            f"{out_dir}: cannot write plots ({exc.strerror})", path=ep_dir
+        ) from exc
     video_path: Path | None = None
     frames = 0
     if video:
@@ -165,7 +176,9 @@ def _plot_one(ep_dir: Path, out: Path | None, video: bool) -> EpisodeOutcome:
     try:
         return EpisodeOutcome(ep_dir, plot_episode(ep_dir, out, video), None)
     except GenmanipError as exc:
-        return EpisodeOutcome(ep_dir, None, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        return EpisodeOutcome(
+            ep_dir, None, str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        )
     except OSError as exc:
         return EpisodeOutcome(ep_dir, None, f"{ep_dir}: {exc}")
 
@@ -194,13 +207,17 @@ def plot_episodes(
 
         ctx = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx) as pool:
-            futures = {pool.submit(_plot_one, ep, out, video): i for i, (ep, out) in enumerate(jobs)}
+            futures = {
+                pool.submit(_plot_one, ep, out, video): i for i, (ep, out) in enumerate(jobs)
+            }
             for fut in as_completed(futures):
                 i = futures[fut]
                 try:
                     outcome = fut.result()
-                except Exception as exc:  # noqa: BLE001 - a crashed worker is one failed episode
-                    outcome = EpisodeOutcome(jobs[i][0], None, f"{jobs[i][0]}: worker failed: {exc!r}")
+                except Exception as exc:
+                    outcome = EpisodeOutcome(
+                        jobs[i][0], None, f"{jobs[i][0]}: worker failed: {exc!r}"
+                    )
                 outcomes[i] = outcome
                 if on_done is not None:
                     on_done(outcome)

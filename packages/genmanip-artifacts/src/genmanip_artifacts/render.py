@@ -10,18 +10,23 @@ import io
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .episode import EpisodeSeries
 from .panels import Panel
 
+if TYPE_CHECKING:  # matplotlib is imported only when something is drawn
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
 __all__ = ["CursorPanel", "render_cursor_panel", "render_static_plot"]
 
 _CURSOR_RGB = np.array([220, 20, 60], dtype=np.uint8)  # crimson: visible on white and on the curves
 
 
-def _figure(width_in: float, height_in: float, dpi: float):  # type: ignore[no-untyped-def]
+def _figure(width_in: float, height_in: float, dpi: float) -> Figure:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -30,26 +35,53 @@ def _figure(width_in: float, height_in: float, dpi: float):  # type: ignore[no-u
     return fig
 
 
-def _draw_panel(ax, panel: Panel, xlim: tuple[float, float], *, fontsize: float, legend_cols: int) -> None:  # type: ignore[no-untyped-def]
+def _draw_panel(
+    ax: Axes, panel: Panel, xlim: tuple[float, float], *, fontsize: float, legend_cols: int
+) -> None:
     from matplotlib.lines import Line2D
 
     for line in panel.lines:
-        kw = {"drawstyle": "steps-post"} if line.steps else {}
-        n = line.x.shape[0]
+        x, y = line.x, line.y
+        drawstyle = "default"
+        if line.steps and x.size:
+            # An action holds for its whole step: draw the last one up to step + 1 too.
+            drawstyle = "steps-post"
+            x = np.append(x, x[-1] + 1)
+            y = np.append(y, y[-1])
         # A single sample would be an invisible zero-length line: give it a marker.
-        marker = "o" if n == 1 else None
-        ax.plot(line.x, line.y, color=line.color, linestyle=line.style, linewidth=1.0,
-                marker=marker, markersize=3, label=line.label, **kw)
+        marker = "o" if x.shape[0] == 1 else None
+        ax.plot(
+            x,
+            y,
+            color=line.color,
+            linestyle=line.style,
+            linewidth=1.0,
+            marker=marker,
+            markersize=3,
+            label=line.label,
+            drawstyle=drawstyle,
+        )
     ax.set_xlim(*xlim)
     ax.set_title(panel.title, loc="left", fontsize=fontsize + 1)
     ax.set_ylabel(panel.ylabel, fontsize=fontsize)
     ax.tick_params(labelsize=fontsize - 1)
     ax.grid(True, linewidth=0.4, alpha=0.5)
     if panel.legend:
-        handles = [Line2D([0], [0], color=c, linestyle=s, linewidth=1.2) for _, c, s in panel.legend]
-        ax.legend(handles, [lab for lab, _, _ in panel.legend], fontsize=fontsize - 1,
-                  ncol=legend_cols, loc="upper left", bbox_to_anchor=(1.005, 1.0),
-                  borderaxespad=0.0, frameon=False, handlelength=1.8)
+        handles = [
+            Line2D([0], [0], color=c, linestyle=s, linewidth=1.2)  # type: ignore[arg-type]
+            for _, c, s in panel.legend
+        ]
+        ax.legend(
+            handles,
+            [lab for lab, _, _ in panel.legend],
+            fontsize=fontsize - 1,
+            ncol=legend_cols,
+            loc="upper left",
+            bbox_to_anchor=(1.005, 1.0),
+            borderaxespad=0.0,
+            frameon=False,
+            handlelength=1.8,
+        )
 
 
 def _title(s: EpisodeSeries) -> str:
@@ -74,18 +106,26 @@ def render_static_plot(s: EpisodeSeries, panels: Sequence[Panel], what: str) -> 
     fig = _figure(width_in, height_in, 110)
     axes = fig.subplots(n, 1, sharex=True, squeeze=False)[:, 0]
     lo, hi = s.t_range
-    for i, (ax, panel) in enumerate(zip(axes, panels)):
+    for i, (ax, panel) in enumerate(zip(axes, panels, strict=False)):
         y0 = bottom_in + (n - 1 - i) * (panel_in + gap_in)
-        ax.set_position((left_in / width_in, y0 / height_in,
-                         (width_in - left_in - right_in) / width_in, panel_in / height_in))
+        ax.set_position(
+            (
+                left_in / width_in,
+                y0 / height_in,
+                (width_in - left_in - right_in) / width_in,
+                panel_in / height_in,
+            )
+        )
         _draw_panel(ax, panel, (lo, hi), fontsize=9, legend_cols=1)
-    for ax in axes[len(panels):]:
+    for ax in axes[len(panels) :]:
         ax.set_visible(False)
     axes[-1].set_xlabel("step (simulator timestep)", fontsize=9)
-    fig.suptitle(f"{what}: {_title(s)}", fontsize=10, x=0.01, y=1.0 - 0.08 / height_in,
-                 ha="left", va="top")
+    fig.suptitle(
+        f"{what}: {_title(s)}", fontsize=10, x=0.01, y=1.0 - 0.08 / height_in, ha="left", va="top"
+    )
     buf = io.BytesIO()
-    fig.savefig(buf, format="png")
+    # zlib level 3: most of level 6's size at a fraction of its time.
+    fig.savefig(buf, format="png", pil_kwargs={"compress_level": 3})
     return buf.getvalue()
 
 
@@ -111,7 +151,8 @@ class CursorPanel:
         """(K,) int pixel column of timestep ``t`` on every axes (clipped into the axes)."""
         frac = (float(t) - self.t0) / (self.t1 - self.t0)
         frac = min(max(frac, 0.0), 1.0)
-        return np.rint(self.cols0 + frac * (self.cols1 - self.cols0)).astype(np.intp)
+        cols: np.ndarray = np.rint(self.cols0 + frac * (self.cols1 - self.cols0)).astype(np.intp)
+        return cols
 
     def draw_cursor(self, out: np.ndarray, t: float, *, width: int = 2) -> None:
         """Write the panel with a cursor at timestep ``t`` into ``out`` (same shape as image).
@@ -120,14 +161,15 @@ class CursorPanel:
         """
         np.copyto(out, self.image)
         w = out.shape[1]
-        for col, (r0, r1) in zip(self.columns(t), self.rows):
+        for col, (r0, r1) in zip(self.columns(t), self.rows, strict=True):
             c0 = max(int(col) - width // 2, 0)
             c1 = min(c0 + width, w)
             out[r0:r1, c0:c1] = _CURSOR_RGB
 
 
-def render_cursor_panel(s: EpisodeSeries, state: Sequence[Panel], action: Sequence[Panel],
-                        width: int, height: int) -> CursorPanel:
+def render_cursor_panel(
+    s: EpisodeSeries, state: Sequence[Panel], action: Sequence[Panel], width: int, height: int
+) -> CursorPanel:
     """Draw the state row and the action row side by side panels, ``width`` x ``height`` pixels."""
     dpi = 100.0
     fig = _figure(width / dpi, height / dpi, dpi)
@@ -145,8 +187,14 @@ def render_cursor_panel(s: EpisodeSeries, state: Sequence[Panel], action: Sequen
                 used.append(ax)
             else:
                 ax.set_visible(False)
-    fig.suptitle(_title(s).replace("\n", "  |  "), fontsize=8, x=0.005, y=1.0 - 4.0 / height,
-                 ha="left", va="top")
+    fig.suptitle(
+        _title(s).replace("\n", "  |  "),
+        fontsize=8,
+        x=0.005,
+        y=1.0 - 4.0 / height,
+        ha="left",
+        va="top",
+    )
     # Axes placed in pixels: room above each for its title, left for tick labels, right for
     # the legend, below the action row for the step label.
     top, bottom, gap = 42.0, 34.0, 44.0
@@ -156,9 +204,11 @@ def render_cursor_panel(s: EpisodeSeries, state: Sequence[Panel], action: Sequen
     for (r, c), ax in np.ndenumerate(axes):
         x0 = c * col_w + left_pad
         y0 = bottom + (1 - r) * (row_h + gap)
-        ax.set_position((x0 / width, y0 / height, (col_w - left_pad - legend_w) / width, row_h / height))
+        ax.set_position(
+            (x0 / width, y0 / height, (col_w - left_pad - legend_w) / width, row_h / height)
+        )
     fig.canvas.draw()
-    rgba = np.asarray(fig.canvas.buffer_rgba())
+    rgba = np.asarray(fig.canvas.buffer_rgba())  # type: ignore[attr-defined]
     image = np.ascontiguousarray(rgba[..., :3])
     h = image.shape[0]
     cols0, cols1, rows = [], [], []

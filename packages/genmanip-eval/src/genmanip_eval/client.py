@@ -35,6 +35,7 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from genmanip_protocol.codec import get_codec
+from genmanip_protocol.config import resolve_token
 from genmanip_protocol.errors import (
     ConnectError,
     DecodeError,
@@ -154,6 +155,9 @@ class _WorkerState:
     lock_lost: bool = False
     finished: bool = False
     executed_steps: int = 0
+    pending: bool = False
+    in_episode: bool = False
+    episode_id: str | None = None
     robot: RobotSpec | None = None
     timing: StepTiming = field(default_factory=StepTiming)
 
@@ -261,7 +265,7 @@ class EvalClient:
         self._loopback = is_loopback_host(parts.hostname)
         self.worker_ids: list[str] = _parse_worker_ids(worker_ids)
         self.run_id = run_id or None
-        self._token = _resolve_token(token)
+        self._token = resolve_token(token, TOKEN_ENV, "eval")
         if codec not in ("auto", "msgpack", "legacy"):
             raise ValidationError(_violation("codec", "auto, msgpack or legacy", repr(codec)))
         if frames not in ("auto", "raw", "jpeg"):
@@ -313,6 +317,8 @@ class EvalClient:
         self._state: dict[str, _WorkerState] = {w: _WorkerState() for w in self.worker_ids}
         self._started = False
         self._closed = False
+        self._poll_delay = poll_initial
+        self._next_poll = 0.0
 
         #: Every finished episode's result, in arrival order.
         self.episode_results: list[EpisodeResult] = []
@@ -472,7 +478,7 @@ class EvalClient:
             elif resp.status == 404:
                 name = "legacy"  # the real server has no /protocol: legacy wire
             else:
-                _raise_status(resp, "/protocol")
+                resp.raise_for_status()
         else:
             name = self._codec_choice
 
@@ -520,81 +526,109 @@ class EvalClient:
         """Start (or restart) evaluation on this client's workers.
 
         Kills the client's own worker ids (so no seed leaks), calls ``/reset`` and polls
-        ``/reset_result`` until every worker has its first observation (or has nothing left).
+        ``/reset_result`` until workers have their first observation. It returns as soon as at
+        least one worker can act (or all have finished); a worker still resetting then has
+        ``obs=None`` and ``reset_pending=True`` and is resolved by later calls — blocking on it
+        could deadlock a multi-worker client whose other workers hold the seeds it waits for.
 
         Returns:
             ``{worker_id: {"obs": Observation | None, "metric": dict | None, "episode_result":
-            dict | None, "lock_lost": bool, "executed_steps": 0}}``; ``obs["reset"]`` is True.
+            dict | None, "lock_lost": bool, "reset_pending": bool, "executed_steps": 0}}``;
+            ``obs["reset"]`` is True.
         """
         self._check_open()
         self.connect()
         if self.kill_on_start:
             self.kill()
+        for st in self._state.values():
+            st.executed_steps = 0
+            st.lock_lost = False
         t0 = time.perf_counter()
         data, resp = self._wire_call(
             self.http, "/reset", {"worker_ids": list(self.worker_ids)}, timeout=self.timeouts["reset"]
         )
         entries = parse_step_response(data, self.worker_ids)
-        lost = {w for w, e in entries.items() if e.lock_lost}
-        entries = self._resolve_pending(self.http, dict(entries), lost)
-        total = (time.perf_counter() - t0) * 1000
         self._started = True
+        total = (time.perf_counter() - t0) * 1000
         for wid in self.worker_ids:
             st = self._state[wid]
             st.timing = StepTiming(total_ms=total, server_ms=_server_ms(resp))
-            self._apply_entry(wid, entries[wid], lock_lost=wid in lost, first=True)
+            st.finished = False
+            st.pending = False
+            self._apply_entry(wid, entries[wid], first=True)
+        self._settle(block=True)
         return self.entries()
 
-    def _resolve_pending(
-        self, http: HttpTransport, entries: dict[str, WorkerEntry], lost: set[str]
-    ) -> dict[str, WorkerEntry]:
-        """Poll ``/reset_result`` until no worker in ``entries`` is ``reset_pending``."""
-        pending = sorted(w for w, e in entries.items() if e.reset_pending)
+    def poll(self, *, block: bool = True) -> dict[str, dict[str, Any]]:
+        """Resolve workers that are ``reset_pending``; with ``block`` wait until one can act.
+
+        ``reset()`` and ``step()`` already do this; call it when every worker you could act on
+        is pending (then ``step`` has nothing to send).
+        """
+        self._check_open()
+        for st in self._state.values():
+            st.executed_steps = 0
+            st.lock_lost = False
+        self._settle(block=block)
+        return self.entries()
+
+    def _settle(self, *, block: bool) -> None:
+        """Poll ``/reset_result`` for pending workers.
+
+        ``block``: keep polling (with backoff) until some worker has an observation or every
+        worker finished; else at most one poll, rate-limited by the backoff.
+        """
+        pending = [w for w in self.worker_ids if self._state[w].pending]
         if not pending:
-            return entries
+            self._poll_delay = self._poll_initial
+            return
+        now = time.monotonic()
+        if not block:
+            if now < self._next_poll:
+                return
         deadline = self.timeouts["reset_deadline"]
-        delays = iter(
-            Backoff(initial=self._poll_initial, factor=1.5, max_delay=self._poll_max, jitter=0.2, deadline=deadline)
-        )
-        started = time.monotonic()
-        while pending:
-            try:
-                delay = next(delays)
-            except StopIteration:
+        started = now
+        if block and not any(self._actionable(w) for w in self.worker_ids):
+            time.sleep(self._poll_initial)
+        while True:
+            self._poll_once(pending)
+            pending = [w for w in self.worker_ids if self._state[w].pending]
+            self._poll_delay = min(self._poll_max, self._poll_delay * 1.5) if pending else self._poll_initial
+            self._next_poll = time.monotonic() + self._poll_delay
+            if not pending or not block:
+                return
+            if any(self._actionable(w) for w in self.worker_ids):
+                return
+            waited = time.monotonic() - started
+            if waited >= deadline:
                 raise ResetTimeout(
                     f"worker(s) {', '.join(pending)} still reset_pending after {deadline:g} s "
                     "of polling /reset_result",
                     workers=pending,
                     deadline=deadline,
-                ) from None
-            # The first poll waits too: a reset takes at least a few ms on any server.
-            time.sleep(min(delay, max(0.0, deadline - (time.monotonic() - started))))
-            ids = list(pending)
+                )
+            time.sleep(min(self._poll_delay, max(0.0, deadline - waited)))
 
-            def poll(ids: list[str] = ids) -> Any:
-                return self._wire_call(
-                    http,
-                    "/reset_result",
-                    {"worker_ids": ids},
-                    timeout=self.timeouts["reset_result"],
-                    idempotent=False,
-                )[0]
+    def _poll_once(self, ids: list[str]) -> None:
+        def poll() -> Any:
+            return self._wire_call(
+                self.http, "/reset_result", {"worker_ids": ids}, timeout=self.timeouts["reset_result"]
+            )[0]
 
-            data = retry_call(
-                poll,
-                # Only retry what was never sent: /reset_result is a destructive read.
-                retry_on=lambda e: isinstance(e, ConnectError)
-                or (isinstance(e, HTTPStatusError) and e.status == 503),
-                backoff=Backoff(initial=0.2, factor=2.0, max_delay=2.0, jitter=0.2, deadline=30.0),
-            )
-            parsed = parse_step_response(data, ids)
-            for w in ids:
-                e = parsed[w]
-                if e.lock_lost:
-                    lost.add(w)
-                entries[w] = e
-            pending = sorted(w for w in ids if parsed[w].reset_pending)
-        return entries
+        data = retry_call(
+            poll,
+            # Only retry what never reached the server: /reset_result is a destructive read.
+            retry_on=lambda e: isinstance(e, ConnectError)
+            or (isinstance(e, HTTPStatusError) and e.status == 503),
+            backoff=Backoff(initial=0.2, factor=2.0, max_delay=2.0, jitter=0.2, deadline=30.0),
+        )
+        parsed = parse_step_response(data, ids)
+        for w in ids:
+            self._apply_entry(w, parsed[w], first=False)
+
+    def _actionable(self, wid: str) -> bool:
+        st = self._state[wid]
+        return st.obs is not None and not st.pending and not st.finished
 
     # ------------------------------------------------------------------ step
 
@@ -611,16 +645,22 @@ class EvalClient:
         chunk, one worker), ``{worker_id: [action_dict, ...]}`` or a time-major list of
         ``{worker_id: action_dict}`` (per-worker ``/step_chunk`` calls, in parallel).
 
-        Actions for workers that already finished are ignored; workers left out are not stepped
-        (their last entry is returned again).
+        Only workers with an observation can act: actions for finished or ``reset_pending``
+        workers are ignored (there is no episode to apply them to); workers left out are not
+        stepped (their entry is returned again, ``executed_steps`` 0).
+
+        When an episode ends, the worker's next observation (``obs["reset"]`` True, the finished
+        ``episode_result`` alongside) is fetched before returning — unless other workers of this
+        client can act meanwhile: then the worker is returned ``reset_pending`` (``obs`` None)
+        and resolved by a later call. ``step`` always returns with at least one worker able to
+        act, or all finished.
 
         ``meta`` (used by the runner) gives per worker ``"obs_timesteps"`` and ``"chunk"`` lists
         (one per action, for recording client-side chunk replay) and ``"policy_ms"``.
 
         Returns:
-            ``entries`` as in :meth:`reset` for every worker of the client (``executed_steps`` is
-            the number of actions the server executed for that worker in this call), and ``done``
-            = every worker has finished (``obs is None``).
+            ``entries`` as in :meth:`reset` for every worker (``executed_steps`` = actions the
+            server executed for that worker in this call), and ``done`` = every worker finished.
 
         Raises:
             ValidationError: an action does not fit the robot (nothing was sent).
@@ -634,18 +674,19 @@ class EvalClient:
         norm = normalize_step_input(actions, self.worker_ids)
         per_worker: dict[str, list[dict[str, Any]]] = {}
         for wid, acts in norm.per_worker.items():
-            st = self._state[wid]
-            if st.finished:
-                log.debug("worker %s finished: ignoring its action(s)", wid)
+            if not self._actionable(wid):
+                log.debug("worker %s has no observation to act on: ignoring its action(s)", wid)
                 continue
             per_worker[wid] = [self._check_action(wid, a, i) for i, a in enumerate(acts)]
         for st in self._state.values():
             st.executed_steps = 0
+            st.lock_lost = False
         if per_worker:
             if norm.chunk:
                 self._step_chunks(per_worker, meta or {})
             else:
                 self._step_single(per_worker, meta or {})
+        self._settle(block=not any(self._actionable(w) for w in self.worker_ids))
         return self.entries(), self.done
 
     def _check_action(self, wid: str, action: Mapping[str, Any], index: int) -> dict[str, Any]:
@@ -674,23 +715,18 @@ class EvalClient:
             entries = parse_step_response(data, wids)
         except GenmanipError as exc:
             raise _step_error(exc, "/step", wids, self.timeouts["step"]) from exc
-        t1 = time.perf_counter()
-        lost = {w for w, e in entries.items() if e.lock_lost}
-        entries = self._resolve_pending(self.http, dict(entries), lost)
-        t2 = time.perf_counter()
+        total = (time.perf_counter() - t0) * 1000
         server = _server_ms(resp)
         for wid in wids:
-            total = (t1 - t0) * 1000
             timing = StepTiming(
                 total_ms=total,
                 server_ms=server,
                 network_ms=None if server is None else max(0.0, total - server),
-                poll_ms=(t2 - t1) * 1000,
                 policy_ms=_meta_policy(meta, wid),
             )
-            self._finish_worker_step(wid, per_worker[wid], entries[wid], wid in lost, timing, meta, chunked=False)
+            self._finish_worker_step(wid, per_worker[wid], entries[wid], timing, meta, chunked=False)
 
-    def _one_chunk(self, wid: str, acts: list[dict[str, Any]]) -> tuple[Any, Any, int, bool, set[str], float, float]:
+    def _one_chunk(self, wid: str, acts: list[dict[str, Any]]) -> tuple[WorkerEntry, Any, int, float]:
         http = self._transport_for(wid) if self._parallel_chunks else self.http
         body = [{wid: a} for a in acts]
         q = {"render_mode": self.render_mode, "subframes": self.subframes, "render_suffix": self.render_suffix}
@@ -701,7 +737,7 @@ class EvalClient:
             parsed = parse_chunk_response(data, [wid])
         except GenmanipError as exc:
             raise _step_error(exc, "/step_chunk", [wid], timeout) from exc
-        t1 = time.perf_counter()
+        total = (time.perf_counter() - t0) * 1000
         executed = parsed.executed_steps
         if not 0 <= executed <= len(acts):
             raise StepError(
@@ -712,10 +748,7 @@ class EvalClient:
                 sent=True,
                 maybe_executed=True,
             )
-        lost = {w for w, e in parsed.entries.items() if e.lock_lost}
-        entries = self._resolve_pending(http, dict(parsed.entries), lost)
-        t2 = time.perf_counter()
-        return entries[wid], resp, executed, parsed.stopped_early, lost, (t1 - t0) * 1000, (t2 - t1) * 1000
+        return parsed.entries[wid], resp, executed, total
 
     def _step_chunks(
         self, per_worker: dict[str, list[dict[str, Any]]], meta: Mapping[str, Mapping[str, Any]]
@@ -745,29 +778,26 @@ class EvalClient:
         for wid in wids:
             if wid not in results:
                 continue
-            entry, resp, executed, _stopped, lost, total, poll = results[wid]
+            entry, resp, executed, total = results[wid]
             server = _server_ms(resp)
             timing = StepTiming(
                 total_ms=total,
                 server_ms=server,
                 network_ms=None if server is None else max(0.0, total - server),
-                poll_ms=poll,
                 policy_ms=_meta_policy(meta, wid),
             )
             self._finish_worker_step(
-                wid, per_worker[wid][:executed], entry, wid in lost, timing, meta, chunked=True,
+                wid, per_worker[wid][:executed], entry, timing, meta, chunked=True,
                 chunk_size=len(per_worker[wid]),
             )
         if errors:
-            first = next(iter(errors.values()))
-            raise first
+            raise next(iter(errors.values()))
 
     def _finish_worker_step(
         self,
         wid: str,
         executed: list[dict[str, Any]],
         entry: WorkerEntry,
-        lock_lost: bool,
         timing: StepTiming,
         meta: Mapping[str, Mapping[str, Any]],
         *,
@@ -791,54 +821,64 @@ class EvalClient:
             self._listener.executed(
                 wid, executed, obs_timesteps=obs_ts, chunk=chunk, latency=timing.as_row()
             )
-        self._apply_entry(wid, entry, lock_lost=lock_lost, first=False)
+        self._apply_entry(wid, entry, first=False)
 
-    def _apply_entry(self, wid: str, entry: WorkerEntry, *, lock_lost: bool, first: bool) -> None:
+    def _apply_entry(self, wid: str, entry: WorkerEntry, *, first: bool) -> None:
+        """Fold one server entry into the worker's state (and tell the listener)."""
         st = self._state[wid]
-        prev_obs = st.obs
-        st.metric = entry.metric
-        st.lock_lost = lock_lost
-        er = entry.episode_result
-        st.episode_result = None if er is None else er.to_dict()
-        if lock_lost:
+        if entry.metric is not None:
+            st.metric = entry.metric
+        listener = self._listener
+        if entry.lock_lost:
+            st.lock_lost = True
             self.lock_lost_count += 1
+            eid = _get(st.obs, "episode_id") or st.episode_id
             log.warning(
-                "worker %s: the server lost the episode lock; episode %s was aborted and re-queued",
-                wid,
-                _get(prev_obs, "episode_id"),
+                "worker %s: the server lost the episode lock; episode %s was aborted and re-queued", wid, eid
             )
-            self._emit("lock_lost", {"worker_id": wid, "episode_id": _get(prev_obs, "episode_id")})
+            self._emit("lock_lost", {"worker_id": wid, "episode_id": eid})
+            if listener is not None and st.in_episode:
+                listener.episode_end(wid, None, lock_lost=True)
+            st.in_episode = False
+        if entry.reset_pending:
+            st.pending = True
+            st.obs = None
+            return
+        was_pending = st.pending
+        st.pending = False
+        er = entry.episode_result
         if er is not None:
+            st.episode_result = er.to_dict()
             self.episode_results.append(er)
             self.stats["episodes"] += 1
             self._emit("episode_finished", {"worker_id": wid, "episode_result": st.episode_result})
         obs = entry.obs
+        new_episode = obs is not None and (
+            first or was_pending or er is not None or entry.lock_lost or bool(_get(obs, "reset"))
+        )
+        if listener is not None and st.in_episode and (obs is None or new_episode):
+            # The recorded episode ended: with its result, or without one (re-queued, aborted).
+            listener.episode_end(wid, er, lock_lost=False)
+            st.in_episode = False
         if obs is not None:
-            if prev_obs is None or first or lock_lost or er is not None or _get(obs, "reset"):
-                # A new episode's first observation: make the flag reliable for the policy.
-                obs["reset"] = True
-            elif "reset" not in obs:
-                obs["reset"] = False
+            # Make the flag reliable for the policy: True exactly on an episode's first obs.
+            obs["reset"] = bool(new_episode)
+            st.episode_id = _get(obs, "episode_id")
             rid = _get(obs, "robot_id")
             if rid and (st.robot is None or st.robot.robot_id != rid):
                 try:
                     st.robot = get_robot(rid)
                 except ValidationError:
                     log.warning("worker %s: unknown robot_id %r (validation needs robot=)", wid, rid)
-        if self._listener is not None:
-            if not first and (er is not None or lock_lost or (obs is None and prev_obs is not None)):
-                self._listener.episode_end(wid, er, lock_lost=lock_lost)
-            elif not first and obs is not None and obs.get("reset") and prev_obs is not None:
-                # A new episode began without a result (server re-queued it): close the old one.
-                self._listener.episode_end(wid, None, lock_lost=False)
-            if obs is not None:
-                self._listener.observation(wid, obs)
+            if listener is not None:
+                listener.observation(wid, obs)
+                st.in_episode = True
         st.obs = obs
         if obs is None and not st.finished:
             st.finished = True
             self._emit("worker_finished", {"worker_id": wid, "metric": st.metric})
-            if self._listener is not None:
-                self._listener.worker_finished(wid, st.metric)
+            if listener is not None:
+                listener.worker_finished(wid, st.metric)
 
     def _emit(self, name: str, payload: dict[str, Any]) -> None:
         if self._on_event is not None:
@@ -857,6 +897,7 @@ class EvalClient:
                 "metric": st.metric,
                 "episode_result": st.episode_result,
                 "lock_lost": st.lock_lost,
+                "reset_pending": st.pending,
                 "executed_steps": st.executed_steps,
             }
             for wid, st in self._state.items()
@@ -920,16 +961,6 @@ def _violation(field_: str, expected: str, actual: str) -> Violation:
     return Violation(field_, expected, actual)
 
 
-def _resolve_token(token: str | None) -> str | None:
-    try:
-        from genmanip_protocol.config import resolve_token
-    except ImportError:  # TODO(H5): genmanip_protocol.config not landed yet
-        import os
-
-        return token or os.environ.get(TOKEN_ENV) or None
-    return resolve_token(token, TOKEN_ENV, "eval")
-
-
 def _parse_worker_ids(worker_ids: Iterable[str | int] | str | int) -> list[str]:
     if isinstance(worker_ids, (str, int)):
         items = [s.strip() for s in str(worker_ids).split(",")]
@@ -967,22 +998,6 @@ def _meta_policy(meta: Mapping[str, Mapping[str, Any]], wid: str) -> float | Non
         return None
     v = m.get("policy_ms")
     return None if v is None else float(v)
-
-
-def _raise_status(resp: Any, route: str) -> None:
-    detail = ""
-    try:
-        j = resp.json()
-        if isinstance(j, dict):
-            detail = str(j.get("detail", ""))
-    except Exception:  # noqa: BLE001
-        detail = resp.body[:200].decode("utf-8", "replace") if resp.body else ""
-    raise HTTPStatusError(
-        f"GET {route} failed: HTTP {resp.status}" + (f": {detail}" if detail else ""),
-        status=resp.status,
-        detail=detail,
-        route=route,
-    )
 
 
 def _step_error(exc: GenmanipError, route: str, workers: list[str], timeout: float) -> StepError:

@@ -25,6 +25,7 @@ import struct
 import threading
 import time
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -532,9 +533,19 @@ class Recorder:
         from genmanip_protocol.video import transcode_jpegs
 
         d = ep.directory
-        for cam in cams:
+
+        def one(cam: str) -> int:
             src = d / _FRAMES_DIR / f"{cam}.jpegs"
-            transcode_jpegs(iter_frame_file(src), d / f"{cam}.mp4", fps=self.fps, nice=self.nice)
+            return transcode_jpegs(iter_frame_file(src), d / f"{cam}.mp4", fps=self.fps, nice=self.nice)
+
+        # The cameras of one episode transcode concurrently (ffmpeg start-up dominates short
+        # episodes); niced, so the step loop keeps priority.
+        if len(cams) > 1:
+            with ThreadPoolExecutor(max_workers=min(4, len(cams)), thread_name_prefix="gmp-ffmpeg") as pool:
+                list(pool.map(one, cams))
+        else:
+            for cam in cams:
+                one(cam)
         seed_key = ep.seed
 
         def update(cur: dict[str, Any]) -> None:

@@ -275,7 +275,9 @@ def run_workers(
                         "chunk": [{"index": idx, "size": size}],
                     }
             if not actions:
-                break
+                # Every worker that is not finished is still resetting: wait for one.
+                entries = client.poll()
+                continue
             entries, _done = client.step(actions, meta=meta)
             executed = sum(e["executed_steps"] for e in entries.values())
             summary.steps += executed

@@ -67,7 +67,7 @@ FLAG_NAME = "submitted.flag"
 VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".webm", ".rrd")
 _TEMP_SUFFIXES = (".tmp", ".temp", ".part", ".partial", ".swp", ".swo", ".lock", ".lck", "~")
 # Already-compressed formats: deflating them again costs CPU for nothing.
-_STORED_SUFFIXES = frozenset(VIDEO_SUFFIXES + (".zip", ".gz", ".xz", ".bz2", ".zst", ".png", ".jpg", ".jpeg", ".npz"))
+_STORED_SUFFIXES = frozenset((*VIDEO_SUFFIXES, ".zip", ".gz", ".xz", ".bz2", ".zst", ".png", ".jpg", ".jpeg", ".npz"))
 _ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
 _CHUNK = 1 << 20
 _ZIP64_AT = 1 << 31
@@ -321,8 +321,8 @@ def build_bundle(
 
     Raises:
         IncompleteRunError: unfinished or missing episodes (listed) and not ``allow_incomplete``.
-        BundleError: an unsafe file name, an output path inside the results tree, or a failed
-            verification.
+        BundleError: an episode without a valid score, an unsafe file name, an output path inside
+            the results tree, or a failed verification.
     """
     comp = completeness(run)
     if not comp.is_complete and not allow_incomplete:
@@ -332,6 +332,15 @@ def build_bundle(
             run.run_id,
             list(comp.missing),
             hint="finish the run (resume it with the same run id) or pass --allow-incomplete",
+        )
+    bad = [
+        f"{e.task_name}/{e.seed} (score {e.score!r})"
+        for e in run.episodes
+        if e.complete and (e.score is None or not (0.0 <= e.score <= 1.0))
+    ]
+    if bad:
+        raise BundleError(
+            f"run {run.run_id!r} has episodes without a valid score in [0, 1]: {', '.join(bad[:10])}"
         )
     target = _resolve_out(run, out)
     members, skipped = collect_members(run.path, include_videos=include_videos)

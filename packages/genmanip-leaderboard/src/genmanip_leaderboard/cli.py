@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import sys
 import time
@@ -35,7 +36,9 @@ __all__ = [
     "submit",
 ]
 
-TOKEN_ENV = "USER_TOKEN"
+log = logging.getLogger(__name__)
+
+TOKEN_ENV = "USER_TOKEN"  # noqa: S105 - the variable name, not a token
 SECTION = "leaderboard"
 
 
@@ -59,11 +62,14 @@ def _fmt_time(epoch: float | None) -> str:
 
 
 def _fmt_size(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000  # type: ignore[assignment]
-    return f"{n} B"
+    if n < 1000:
+        return f"{n} B"
+    value = float(n)
+    for unit in ("KB", "MB", "GB"):
+        value /= 1000
+        if value < 1000 or unit == "GB":
+            break
+    return f"{value:.1f} {unit}"
 
 
 def client_from_args(args: argparse.Namespace, *, need_token: bool) -> LeaderboardClient:
@@ -76,6 +82,9 @@ def client_from_args(args: argparse.Namespace, *, need_token: bool) -> Leaderboa
         raise ValidationError(
             Violation("--port / LEADERBOARD_PORT", "a port number", repr(port_raw))
         ) from None
+    if getattr(args, "token", None):
+        log.warning("--token puts the token in process lists and shell history; prefer $%s "
+                    "or the config file", TOKEN_ENV)
     token = _reveal(resolve_token(getattr(args, "token", None), TOKEN_ENV, SECTION))
     if need_token and not token:
         raise MissingTokenError(
@@ -131,6 +140,11 @@ def list_runs(args: argparse.Namespace) -> int:
 
 def _describe_bundle(console: Console, b: Bundle) -> None:
     counts = b.manifest.get("counts", {})
+    if counts.get("episodes_expected") is None:
+        console.warn(
+            "the run does not record how many episodes it should have; completeness was judged "
+            "from the episodes found on disk"
+        )
     console.info(
         f"bundle {b.path}: {counts.get('files')} files, {_fmt_size(b.size)}, "
         f"{counts.get('episodes_complete')} complete episode(s); sha256 {b.sha256}"

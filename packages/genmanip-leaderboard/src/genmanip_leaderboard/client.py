@@ -105,7 +105,8 @@ class LeaderboardClient:
         return f"LeaderboardClient({self.base_url!r}, token={'***' if self._token else None})"
 
     def _redact(self, text: str) -> str:
-        if self._token and self._token in text:
+        # Very short "tokens" would mangle every message; real tokens are long.
+        if self._token and len(self._token) >= 6 and self._token in text:
             text = text.replace(self._token, "***")
         return text
 

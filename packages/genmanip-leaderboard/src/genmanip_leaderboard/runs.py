@@ -87,10 +87,16 @@ def completeness(run: RunInfo) -> Completeness:
 
 
 def results_tree(run: RunInfo) -> Path:
-    """The results root the run lives in (``<tree>/<benchmark>/<run_id>`` in both layouts)."""
-    depth = 1 + len([p for p in run.run_id.split("/") if p])
+    """The results root the run lives in (``<tree>/<benchmark>/<run_id>`` in both layouts).
+
+    A run id may contain ``/`` (the server allows nested ids); when the directory does not end
+    in ``<benchmark>/<run_id>`` the run's grandparent is taken.
+    """
     path = run.path.resolve()
-    return path.parents[depth - 1] if depth - 1 < len(path.parents) else path.parent
+    names = [run.benchmark, *[p for p in run.run_id.split("/") if p]]
+    if len(path.parts) > len(names) and list(path.parts[-len(names):]) == names:
+        return path.parents[len(names) - 1]
+    return path.parent.parent
 
 
 def default_roots(root: str | os.PathLike[str] | None) -> list[Path]:

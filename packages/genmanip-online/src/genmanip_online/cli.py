@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 from collections.abc import Callable
@@ -36,7 +37,9 @@ __all__ = [
     "submit_and_wait",
 ]
 
-TOKEN_ENV = "GMP_ONLINE_TOKEN"
+log = logging.getLogger(__name__)
+
+TOKEN_ENV = "GMP_ONLINE_TOKEN"  # noqa: S105 - the variable name, not a token
 URL_ENV = "GMP_ONLINE_URL"
 SECTION = "online"
 #: Default ``--deadline`` in seconds: waiting is never unbounded.
@@ -53,6 +56,9 @@ def _reveal(value: Any) -> str | None:
 
 def resolve_online_token(args: argparse.Namespace) -> str:
     """The token from ``--token``, ``$GMP_ONLINE_TOKEN`` or ``[online] token`` in the config file."""
+    if getattr(args, "token", None):
+        log.warning("--token puts the token in process lists and shell history; prefer $%s "
+                    "or the config file", TOKEN_ENV)
     token = _reveal(resolve_token(getattr(args, "token", None), TOKEN_ENV, SECTION))
     if not token:
         raise MissingTokenError(
@@ -141,7 +147,8 @@ class _PollDisplay:
             if st.eta_s is not None:
                 bits.append(f"ETA {_fmt_secs(st.eta_s)}")
         if ev.next_delay_s is not None:
-            bits.append(f"next poll in {ev.next_delay_s:.0f} s")
+            d = ev.next_delay_s
+            bits.append(f"next poll in {d:.1f} s" if d < 10 else f"next poll in {d:.0f} s")
         self.console.stream.write("\r\x1b[2K" + ", ".join(bits))
         self.console.stream.flush()
         self._drawn = True

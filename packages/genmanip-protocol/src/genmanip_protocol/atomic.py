@@ -196,7 +196,7 @@ class FileLock:
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], timeout: float | None = 10.0, *, poll: float = 0.02
+        self, path: str | os.PathLike[str], timeout: float | None = 10.0, *, poll: float = 0.01
     ) -> None:
         self.path = Path(path)
         self.timeout = timeout
@@ -225,7 +225,7 @@ class FileLock:
             raise RuntimeError(f"FileLock({self.path}) is already held by this instance")
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
         deadline = None if self.timeout is None else time.monotonic() + max(0.0, self.timeout)
-        delay = min(self.poll, 0.005)
+        delay = min(self.poll, 0.0005)
         try:
             while not self._try(fd):
                 if deadline is not None and time.monotonic() >= deadline:

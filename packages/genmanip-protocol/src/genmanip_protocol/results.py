@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import re
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -53,6 +54,7 @@ _SEED = re.compile(r"^\d+$")
 _RUN_MARKERS = ("run.json", "progress.json", "submitted.flag")
 _EPISODE_MARKERS = ("result_info.json", "result.json", "steps.jsonl", "INCOMPLETE")
 _MAX_DEPTH = 16
+_RACY_NS = 2_000_000_000
 
 # (name, is_dir, is_file, is_symlink)
 _Entry = tuple[str, bool, bool, bool]
@@ -180,24 +182,25 @@ class _Lister:
         self.cache: dict[str, tuple[int, list[_Entry]]] = {}
         self.seen: set[str] = set()
 
-    def mtime_ns(self, path: Path) -> int | None:
+    def mtime_ns(self, path: str | Path) -> int | None:
         try:
             return os.stat(path).st_mtime_ns
         except OSError:
             return None
 
-    def list(self, path: Path) -> list[_Entry]:
-        key = str(path)
+    def list_m(self, path: str | Path) -> tuple[int | None, list[_Entry]]:
+        """(mtime_ns, entries) of a directory; ``(None, [])`` when it cannot be read."""
+        key = os.fspath(path)
         self.seen.add(key)
-        m = self.mtime_ns(path)
+        m = self.mtime_ns(key)
         if m is None:
-            return []
+            return None, []
         hit = self.cache.get(key)
         if hit is not None and hit[0] == m:
-            return hit[1]
+            return m, hit[1]
         entries: list[_Entry] = []
         try:
-            with os.scandir(path) as it:
+            with os.scandir(key) as it:
                 for de in it:
                     try:
                         is_link = de.is_symlink()
@@ -205,11 +208,14 @@ class _Lister:
                     except OSError:
                         continue
         except OSError as exc:
-            log.warning("cannot list %s: %s", path, exc)
-            return []
+            log.warning("cannot list %s: %s", key, exc)
+            return None, []
         entries.sort()
         self.cache[key] = (m, entries)
-        return entries
+        return m, entries
+
+    def list(self, path: str | Path) -> list[_Entry]:
+        return self.list_m(path)[1]
 
     def prune(self) -> None:
         """Forget directories not listed since the last prune (deleted runs)."""
@@ -219,12 +225,13 @@ class _Lister:
         self.seen.clear()
 
 
-def _contained(path: Path, root: Path) -> bool:
+def _contained(path: str | Path, root: str | Path) -> bool:
     try:
-        path.resolve().relative_to(root)
-    except (ValueError, OSError, RuntimeError):
+        real = os.path.realpath(path)
+    except (OSError, ValueError):
         return False
-    return True
+    r = os.fspath(root)
+    return real == r or real.startswith(r.rstrip(os.sep) + os.sep)
 
 
 def _safe_child(parent: Path, entry: _Entry, root: Path) -> Path | None:
@@ -237,8 +244,12 @@ def _safe_child(parent: Path, entry: _Entry, root: Path) -> Path | None:
     return p
 
 
-def _read_json_file(path: Path) -> tuple[Any, str | None]:
-    """(value, error). A missing file is (None, None)."""
+def _read_json_file(path: Path, root: Path | None = None) -> tuple[Any, str | None]:
+    """(value, error). A missing file is (None, None). With ``root``, a symlink that resolves
+    outside it is not read."""
+    if root is not None and path.is_symlink() and not _contained(path, root):
+        log.warning("not reading %s: symlink leads outside %s", path, root)
+        return None, f"{path.name}: symlink leads outside the results root"
     try:
         with open(path, "rb") as fh:
             raw = fh.read()
@@ -274,10 +285,6 @@ def is_episode_dir(path: str | os.PathLike[str]) -> bool:
     return (p.parent / f"{p.name}.lock").is_file()
 
 
-def _episode_markers(names: set[str]) -> bool:
-    return any(m in names for m in _EPISODE_MARKERS)
-
-
 def is_run_dir(path: str | os.PathLike[str]) -> bool:
     """True for a ``<benchmark>/<run_id>`` directory of either layout.
 
@@ -304,7 +311,11 @@ def is_run_dir(path: str | os.PathLike[str]) -> bool:
 
 
 def _layout_of_files(names: set[str]) -> Layout:
-    return "server" if "result_info.json" in names else "client"
+    # Without any client file the directory was found through its sibling <seed>.lock: a server
+    # episode in progress.
+    if "result_info.json" in names:
+        return "server"
+    return "client" if names & {"result.json", "steps.jsonl", "INCOMPLETE"} else "server"
 
 
 def _count_lines(path: Path) -> int | None:
@@ -417,49 +428,53 @@ def _build_episode(
     )
 
 
+# (path, task_name, entries, dir mtime_ns)
+_EpisodeHit = tuple[str, str, list[_Entry], int | None]
+
+
 def _walk(
     run_dir: Path, root: Path, lister: _Lister
-) -> tuple[list[tuple[Path, str, list[_Entry]]], list[tuple[Path, str]]]:
-    """Episode dirs (path, task_name, entries) and lock files (path, task_name) under a run."""
-    episodes: list[tuple[Path, str, list[_Entry]]] = []
-    locks: list[tuple[Path, str]] = []
-    visited: set[Path] = set()
+) -> tuple[list[_EpisodeHit], list[tuple[Path, str]]]:
+    """Episode dirs and lock files ``(path, task_name)`` under a run.
 
-    def visit(d: Path, rel: tuple[str, ...], depth: int) -> None:
-        try:
-            real = d.resolve()
-        except (OSError, RuntimeError):
-            return
+    Works on plain strings: on a rescan of a large unchanged tree this loop is the whole cost.
+    """
+    episodes: list[_EpisodeHit] = []
+    locks: list[tuple[Path, str]] = []
+    visited: set[str] = set()
+    root_s = os.fspath(root)
+
+    def visit(d: str, rel: tuple[str, ...], depth: int) -> None:
+        real = os.path.realpath(d)
         if real in visited or depth > _MAX_DEPTH:
             return
         visited.add(real)
         entries = lister.list(d)
-        lock_seeds = {
-            e[0][: -len(".lock")]
-            for e in entries
-            if e[2] and e[0].endswith(".lock") and _SEED.match(e[0][: -len(".lock")])
-        }
-        if rel:
-            for e in entries:
-                if e[2] and e[0].endswith(".lock") and e[0][: -len(".lock")] in lock_seeds:
-                    p = _safe_child(d, e, root)
-                    if p is not None:
-                        locks.append((p, "/".join(rel)))
-        for e in entries:
-            name, is_dir = e[0], e[1]
+        lock_seeds: set[str] = set()
+        task = "/".join(rel)
+        for name, _is_dir, is_file, is_link in entries:
+            if is_file and name.endswith(".lock") and _SEED.match(name[:-5]) and rel:
+                lock_seeds.add(name[:-5])
+                path = os.path.join(d, name)
+                if is_link and not _contained(path, root_s):
+                    log.warning("skipping %s: symlink leads outside %s", path, root_s)
+                    continue
+                locks.append((Path(path), task))
+        for name, is_dir, _is_file, is_link in entries:
             if not is_dir or name.startswith("."):
                 continue
-            child = _safe_child(d, e, root)
-            if child is None:
+            child = os.path.join(d, name)
+            if is_link and not _contained(child, root_s):
+                log.warning("skipping %s: symlink leads outside %s", child, root_s)
                 continue
             if rel and _SEED.match(name):
-                sub = lister.list(child)
-                if _episode_markers({s[0] for s in sub}) or name in lock_seeds:
-                    episodes.append((child, "/".join(rel), sub))
+                m, sub = lister.list_m(child)
+                if name in lock_seeds or any(s[0] in _EPISODE_MARKERS for s in sub):
+                    episodes.append((child, task, sub, m))
                     continue
             visit(child, (*rel, name), depth + 1)
 
-    visit(run_dir, (), 0)
+    visit(os.fspath(run_dir), (), 0)
     return episodes, locks
 
 
@@ -467,8 +482,8 @@ def find_episode_dirs(run_dir: str | os.PathLike[str]) -> list[Path]:
     """Every episode directory under ``run_dir``, sorted by (task name, seed)."""
     rd = Path(run_dir)
     eps, _ = _walk(rd, rd.resolve(), _Lister())
-    eps.sort(key=lambda t: (t[1], _seed_key(t[0].name)))
-    return [p for p, _, _ in eps]
+    eps.sort(key=lambda t: (t[1], _seed_key(os.path.basename(t[0]))))
+    return [Path(t[0]) for t in eps]
 
 
 def _find_run_ancestor(ep_dir: Path) -> Path | None:
@@ -543,8 +558,10 @@ def read_locks(
 # Runs
 
 
-def _manifest_of(run_dir: Path) -> tuple[dict[str, Any] | None, str | None]:
-    value, err = _read_json_file(run_dir / "run.json")
+def _manifest_of(
+    run_dir: Path, root: Path | None = None
+) -> tuple[dict[str, Any] | None, str | None]:
+    value, err = _read_json_file(run_dir / "run.json", root or run_dir.resolve())
     if err is not None:
         return None, err
     if value is not None and not isinstance(value, dict):
@@ -589,11 +606,11 @@ def _load_run(
     run_dir: Path,
     root: Path,
     lister: _Lister,
-    ep_cache: dict[str, tuple[tuple[int | None, ...], EpisodeInfo]] | None,
+    ep_cache: dict[str, tuple[int | None, EpisodeInfo]] | None,
     now: float,
 ) -> RunInfo:
     errors: list[str] = []
-    manifest, err = _manifest_of(run_dir)
+    manifest, err = _manifest_of(run_dir, root)
     if err:
         errors.append(err)
     bench, run_id = _run_names(run_dir, manifest)
@@ -601,7 +618,7 @@ def _load_run(
 
     submitted: dict[str, Any] | None = None
     if "submitted.flag" in top:
-        val, err = _read_json_file(run_dir / "submitted.flag")
+        val, err = _read_json_file(run_dir / "submitted.flag", root)
         if err:
             errors.append(err)
         submitted = val if isinstance(val, dict) else {}
@@ -611,7 +628,7 @@ def _load_run(
     for name in ("result.json", "progress.json"):
         if name in top:
             metric_file = name
-            val, err = _read_json_file(run_dir / name)
+            val, err = _read_json_file(run_dir / name, root)
             if err:
                 errors.append(err)
                 continue
@@ -628,24 +645,24 @@ def _load_run(
 
     ep_dirs, lock_paths = _walk(run_dir, root, lister)
     episodes: list[EpisodeInfo] = []
-    for ep_dir, task, entries in ep_dirs:
-        key = str(ep_dir)
-        names = {e[0] for e in entries}
-        # The signature covers what decides the result: the dir listing and the result files.
-        sig = (
-            lister.mtime_ns(ep_dir),
-            lister.mtime_ns(ep_dir / "result_info.json") if "result_info.json" in names else None,
-            lister.mtime_ns(ep_dir / "result.json") if "result.json" in names else None,
-        )
-        hit = ep_cache.get(key) if ep_cache is not None else None
-        if hit is not None and hit[0] == sig and hit[1].complete and hit[1].task_name == task:
+    for ep_path, task, entries, dir_mtime in ep_dirs:
+        # Result files are written atomically (rename), which changes the directory's mtime:
+        # the directory mtime is the whole signature of a complete episode.
+        hit = ep_cache.get(ep_path) if ep_cache is not None else None
+        if hit is not None and hit[0] == dir_mtime and hit[1].complete and hit[1].task_name == task:
             episodes.append(hit[1])
             continue
         info = _build_episode(
-            ep_dir, entries, root=root, benchmark=bench, run_id=run_id, task_name=task
+            Path(ep_path), entries, root=root, benchmark=bench, run_id=run_id, task_name=task
         )
-        if ep_cache is not None:
-            ep_cache[key] = (sig, info)
+        # A directory changed within the file system's timestamp granularity of this scan could
+        # change again without a new mtime ("racy" entries, as git calls them): not cached.
+        if (
+            ep_cache is not None
+            and dir_mtime is not None
+            and abs(time.time_ns() - dir_mtime) > _RACY_NS
+        ):
+            ep_cache[ep_path] = (dir_mtime, info)
         episodes.append(info)
     episodes.sort(key=lambda e: (e.task_name, _seed_key(e.seed)))
 
@@ -675,9 +692,9 @@ def _load_run(
             t = _mtime(run_dir / name)
             if t is not None:
                 times.append(t)
-    dir_mtime = _mtime(run_dir) or 0.0
-    created = min(times) if times else dir_mtime
-    updated = max([*times, dir_mtime]) if times else dir_mtime
+    run_mtime = _mtime(run_dir) or 0.0
+    created = min(times) if times else run_mtime
+    updated = max([*times, run_mtime]) if times else run_mtime
     if manifest:
         for k in ("started", "start", "start_time", "created"):
             t = _epoch(manifest.get(k))
@@ -776,10 +793,16 @@ class RunScanner:
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
         self._lister = _Lister()
-        self._episodes: dict[str, tuple[tuple[int | None, ...], EpisodeInfo]] = {}
+        self._episodes: dict[str, tuple[int | None, EpisodeInfo]] = {}
+        # Servers call scan() from request threads; the caches are not safe to share unguarded.
+        self._lock = threading.Lock()
 
     def scan(self, *, now: float | None = None) -> list[RunInfo]:
-        """Rescan; returns the same shape as :func:`find_runs`."""
+        """Rescan; returns the same shape as :func:`find_runs`. Thread-safe (scans serialize)."""
+        with self._lock:
+            return self._scan(now)
+
+    def _scan(self, now: float | None) -> list[RunInfo]:
         if not self.root.is_dir():
             return []
         real = self.root.resolve()

@@ -151,9 +151,14 @@ def _vector(
         if value.dtype.kind not in "iuf":
             ctx.add(name, expected, f"numpy array of dtype {value.dtype}")
             return None
+        if value.shape[0] == n and bool(np.isfinite(value).all()):
+            return [float(x) for x in value.tolist()]  # fast path: one vectorized check
         items: Sequence[Any] = value.tolist()
     elif isinstance(value, (list, tuple)):
         items = value
+        if len(items) == n and all(type(x) is float for x in items):
+            if all(map(math.isfinite, items)):
+                return list(items)  # fast path: plain finite floats
     else:
         ctx.add(name, expected, _describe(value))
         return None

@@ -236,9 +236,10 @@ class HttpTransport:
         self.timeout = float(timeout)
         self.connect_timeout = float(connect_timeout) if connect_timeout else min(self.timeout, 10.0)
         self._token = token or None
+        self._ca_file = os.fspath(ca_file) if ca_file else None
         self._ssl: ssl.SSLContext | None = None
         if self.scheme == "https":
-            self._ssl = ssl.create_default_context(cafile=os.fspath(ca_file) if ca_file else None)
+            self._ssl = ssl.create_default_context(cafile=self._ca_file)
         elif ca_file:
             _log.debug("ca_file ignored for plain http:// URL %s", self.base_url)
         self._headers: dict[str, str] = {"User-Agent": user_agent, "Accept": "*/*"}
@@ -514,8 +515,7 @@ class HttpTransport:
         self._lock = threading.RLock()
         self._exchanges = 0
         if self.scheme == "https":
-            # CA file is not kept; a pickled https transport trusts the system store only.
-            self._ssl = ssl.create_default_context()
+            self._ssl = ssl.create_default_context(cafile=self._ca_file)
 
     # -- internals -----------------------------------------------------------------------------
 

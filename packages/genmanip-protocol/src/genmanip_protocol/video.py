@@ -9,6 +9,7 @@ binary), else from ``PATH``; the command line is built with ffmpeg-python. Both 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -55,7 +56,9 @@ class FfmpegNotFoundError(VideoError):
 class FfmpegError(VideoError):
     """ffmpeg exited with an error. ``stderr`` holds the tail of its error output."""
 
-    def __init__(self, message: str, *, returncode: int | None, stderr: str, hint: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, returncode: int | None, stderr: str, hint: str | None = None
+    ) -> None:
         tail = stderr.strip()
         full = f"{message}: {tail.splitlines()[-1]}" if tail else message
         super().__init__(full, hint=hint)
@@ -63,7 +66,7 @@ class FfmpegError(VideoError):
         self.stderr = tail
 
 
-_ffmpeg_exe: str | None = None
+_FFMPEG_EXE: dict[str, str] = {}  # {"path": ...} once found
 
 
 def ffmpeg_executable() -> str:
@@ -71,14 +74,14 @@ def ffmpeg_executable() -> str:
 
     ``GMP_FFMPEG`` overrides both. Raises :class:`FfmpegNotFoundError` naming the ``video`` extra.
     """
-    global _ffmpeg_exe
     env = os.environ.get("GMP_FFMPEG")
     if env:
         if not (os.path.isfile(env) and os.access(env, os.X_OK)):
             raise FfmpegNotFoundError(f"GMP_FFMPEG={env!r} is not an executable file")
         return env
-    if _ffmpeg_exe is not None:
-        return _ffmpeg_exe
+    cached = _FFMPEG_EXE.get("path")
+    if cached is not None:
+        return cached
     exe: str | None = None
     try:
         import imageio_ffmpeg
@@ -89,8 +92,10 @@ def ffmpeg_executable() -> str:
     if not exe:
         exe = shutil.which("ffmpeg")
     if not exe:
-        raise FfmpegNotFoundError("ffmpeg not found (neither imageio-ffmpeg nor ffmpeg on PATH)", hint=_EXTRA_HINT)
-    _ffmpeg_exe = exe
+        raise FfmpegNotFoundError(
+            "ffmpeg not found (neither imageio-ffmpeg nor ffmpeg on PATH)", hint=_EXTRA_HINT
+        )
+    _FFMPEG_EXE["path"] = exe
     return exe
 
 
@@ -107,7 +112,9 @@ def _ffmpeg_module() -> Any:
     return ffmpeg
 
 
-def _x264_output(ff: Any, stream: Any, target: str, *, crf: int, preset: str, threads: int | None) -> Any:
+def _x264_output(
+    ff: Any, stream: Any, target: str, *, crf: int, preset: str, threads: int | None
+) -> Any:
     # x264 + yuv420p needs even sizes: pad (never scale) by at most one pixel of black.
     stream = stream.filter("pad", "ceil(iw/2)*2", "ceil(ih/2)*2")
     # JPEG input decodes to full-range yuvj420p; convert to limited-range yuv420p, which every
@@ -123,7 +130,11 @@ def _x264_output(ff: Any, stream: Any, target: str, *, crf: int, preset: str, th
     }
     if threads is not None:
         kwargs["threads"] = threads
-    return stream.output(target, **kwargs).global_args("-nostdin", "-loglevel", "error").overwrite_output()
+    return (
+        stream.output(target, **kwargs)
+        .global_args("-nostdin", "-loglevel", "error")
+        .overwrite_output()
+    )
 
 
 def _check_params(fps: float, crf: int, preset: str) -> None:
@@ -158,15 +169,21 @@ class _FfmpegProcess:
             )
         except OSError as exc:
             self.stderr_file.close()
-            raise FfmpegNotFoundError(f"cannot run ffmpeg ({args[0]}): {exc}", hint=_EXTRA_HINT) from None
+            raise FfmpegNotFoundError(
+                f"cannot run ffmpeg ({args[0]}): {exc}", hint=_EXTRA_HINT
+            ) from None
         if nice:
             # Lower the encoder's priority so recording never competes with the policy for CPU.
             try:
-                os.setpriority(os.PRIO_PROCESS, self.proc.pid, max(0, min(19, os.getpriority(os.PRIO_PROCESS, 0) + nice)))
+                os.setpriority(
+                    os.PRIO_PROCESS,
+                    self.proc.pid,
+                    max(0, min(19, os.getpriority(os.PRIO_PROCESS, 0) + nice)),
+                )
             except (AttributeError, OSError):
                 pass
 
-    def write(self, data: bytes | memoryview) -> None:
+    def write(self, data: bytes | bytearray | memoryview) -> None:
         assert self.proc.stdin is not None
         self.proc.stdin.write(data)
 
@@ -219,7 +236,7 @@ class VideoWriter:
     is removed) instead of finishing. ``nice`` (e.g. 10) lowers the encoder's CPU priority.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0917 - the documented contract: VideoWriter(path, w, h, fps, crf, preset)
         self,
         path: str | os.PathLike[str],
         width: int,
@@ -243,17 +260,26 @@ class VideoWriter:
         self._frame_shape = (self.height, self.width, 3)
         self._closed = False
         ff = _ffmpeg_module()
-        stream = ff.input("pipe:", format="rawvideo", pix_fmt="rgb24", s=f"{self.width}x{self.height}", framerate=fps)
-        args = _x264_output(ff, stream, str(self.part), crf=crf, preset=preset, threads=threads).compile(
-            cmd=ffmpeg_executable()
+        stream = ff.input(
+            "pipe:",
+            format="rawvideo",
+            pix_fmt="rgb24",
+            s=f"{self.width}x{self.height}",
+            framerate=fps,
         )
+        args = _x264_output(
+            ff, stream, str(self.part), crf=crf, preset=preset, threads=threads
+        ).compile(cmd=ffmpeg_executable())
         self._proc = _FfmpegProcess(args, nice=nice)
 
     def __enter__(self) -> VideoWriter:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         if exc_type is None:
             self.close()
@@ -264,17 +290,29 @@ class VideoWriter:
         """Append one ``(height, width, 3)`` uint8 RGB frame (blocks while ffmpeg catches up)."""
         if self._closed:
             raise VideoError(f"write to a closed VideoWriter ({self.path})")
-        if not isinstance(frame, np.ndarray) or frame.shape != self._frame_shape or frame.dtype != np.uint8:
-            got = f"{frame.shape} {frame.dtype}" if isinstance(frame, np.ndarray) else type(frame).__name__
-            raise VideoError(f"frame {self.frames_written}: expected a {self._frame_shape} uint8 array, got {got}")
+        if (
+            not isinstance(frame, np.ndarray)
+            or frame.shape != self._frame_shape
+            or frame.dtype != np.uint8
+        ):
+            got = (
+                f"{frame.shape} {frame.dtype}"
+                if isinstance(frame, np.ndarray)
+                else type(frame).__name__
+            )
+            raise VideoError(
+                f"frame {self.frames_written}: expected a {self._frame_shape} uint8 array, got {got}"
+            )
         data = np.ascontiguousarray(frame)
         try:
-            self._proc.write(memoryview(data).cast("B"))
+            self._proc.write(data.reshape(-1).view(np.uint8).data)
         except (BrokenPipeError, ValueError, OSError):
             self._closed = True
             rc, tail = self._proc.finish(timeout=10)
             _unlink(self.part)
-            raise FfmpegError(f"ffmpeg stopped while writing {self.path}", returncode=rc, stderr=tail) from None
+            raise FfmpegError(
+                f"ffmpeg stopped while writing {self.path}", returncode=rc, stderr=tail
+            ) from None
         self.frames_written += 1
 
     def close(self) -> Path | None:
@@ -291,7 +329,9 @@ class VideoWriter:
         rc, tail = self._proc.finish(timeout=self._timeout)
         if rc != 0 or not self.part.exists():
             _unlink(self.part)
-            raise FfmpegError(f"ffmpeg failed to encode {self.path} (exit {rc})", returncode=rc, stderr=tail)
+            raise FfmpegError(
+                f"ffmpeg failed to encode {self.path} (exit {rc})", returncode=rc, stderr=tail
+            )
         os.replace(self.part, self.path)
         return self.path
 
@@ -305,11 +345,10 @@ class VideoWriter:
         _unlink(self.part)
 
     def __del__(self) -> None:  # a writer dropped without close(): never leave ffmpeg running
-        try:
+        # During interpreter shutdown anything may already be gone; never raise from __del__.
+        with contextlib.suppress(Exception):
             if not self._closed:
                 self.abort()
-        except Exception:
-            pass
 
 
 def _unlink(p: Path) -> None:
@@ -353,12 +392,16 @@ def transcode_jpegs(
         for item in _chain(first, it):
             data = getattr(item, "data", item)
             if not isinstance(data, (bytes, bytearray, memoryview)):
-                raise VideoError(f"frame {n}: expected JPEG bytes or a JpegFrame, got {type(item).__name__}")
+                raise VideoError(
+                    f"frame {n}: expected JPEG bytes or a JpegFrame, got {type(item).__name__}"
+                )
             try:
                 proc.write(data)
             except (BrokenPipeError, OSError):
                 rc, tail = proc.finish(timeout=10)
-                raise FfmpegError(f"ffmpeg stopped while transcoding to {target}", returncode=rc, stderr=tail) from None
+                raise FfmpegError(
+                    f"ffmpeg stopped while transcoding to {target}", returncode=rc, stderr=tail
+                ) from None
             n += 1
     except BaseException:
         proc.kill()
@@ -368,7 +411,11 @@ def transcode_jpegs(
     rc, tail = proc.finish(timeout=timeout)
     if rc != 0 or not part.exists():
         _unlink(part)
-        raise FfmpegError(f"ffmpeg failed to transcode JPEG frames to {target} (exit {rc})", returncode=rc, stderr=tail)
+        raise FfmpegError(
+            f"ffmpeg failed to transcode JPEG frames to {target} (exit {rc})",
+            returncode=rc,
+            stderr=tail,
+        )
     os.replace(part, target)
     return n
 
@@ -389,7 +436,9 @@ class VideoInfo(NamedTuple):
     fps: float
 
 
-_STREAM_RE = re.compile(r"Stream #\d+:\d+[^:]*: Video: (?P<codec>\w+)[^,]*, (?P<pix>\w+)(?:\([^)]*\))?,[^\n]*?(?P<w>\d+)x(?P<h>\d+)")
+_STREAM_RE = re.compile(
+    r"Stream #\d+:\d+[^:]*: Video: (?P<codec>\w+)[^,]*, (?P<pix>\w+)(?:\([^)]*\))?,[^\n]*?(?P<w>\d+)x(?P<h>\d+)"
+)
 _FPS_RE = re.compile(r"(?P<fps>[\d.]+) fps")
 
 
@@ -411,11 +460,15 @@ def video_info(path: str | os.PathLike[str], *, timeout: float = 120.0) -> Video
         raise VideoError(f"probing {p} took longer than {timeout}s") from None
     err = res.stderr.decode("utf-8", "replace")
     if res.returncode != 0:
-        raise FfmpegError(f"ffmpeg cannot read {p}", returncode=res.returncode, stderr=err[-_STDERR_TAIL:])
+        raise FfmpegError(
+            f"ffmpeg cannot read {p}", returncode=res.returncode, stderr=err[-_STDERR_TAIL:]
+        )
     m = _STREAM_RE.search(err)
     if m is None:
         raise VideoError(f"{p} has no video stream")
-    frames = [int(x) for x in re.findall(r"^frame=(\d+)", res.stdout.decode("ascii", "replace"), re.M)]
+    frames = [
+        int(x) for x in re.findall(r"^frame=(\d+)", res.stdout.decode("ascii", "replace"), re.M)
+    ]
     fps_m = _FPS_RE.search(err[m.start() :].split("\n", 1)[0])
     return VideoInfo(
         n_frames=frames[-1] if frames else 0,
@@ -463,4 +516,6 @@ def read_video_frames(path: str | os.PathLike[str]) -> Iterator[np.ndarray]:
             proc.stdout.close()
             rc = proc.wait()
         if rc != 0:
-            raise FfmpegError(f"ffmpeg failed to decode {path}", returncode=rc, stderr=_read_tail(errf))
+            raise FfmpegError(
+                f"ffmpeg failed to decode {path}", returncode=rc, stderr=_read_tail(errf)
+            )

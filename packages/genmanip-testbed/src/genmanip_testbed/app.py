@@ -35,6 +35,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Mount, Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .__about__ import __version__
 from .core import EvalCore, RemoteTaskError
@@ -46,17 +47,29 @@ __all__ = ["EVAL_ROUTES", "build_asgi_app"]
 
 access_log = logging.getLogger("genmanip_testbed.access")
 
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 #: Route names (path without the slash) of the evaluation server.
 EVAL_ROUTES = (
-    "docs", "openapi.json", "protocol", "status", "start_new_job", "create_workers",
-    "reset", "reset_result", "step", "step_chunk", "kill",
+    "docs",
+    "openapi.json",
+    "protocol",
+    "status",
+    "start_new_job",
+    "create_workers",
+    "reset",
+    "reset_result",
+    "step",
+    "step_chunk",
+    "kill",
 )
-_CHUNK_STR_ERRORS = (AttributeError, EOFError, RuntimeError, TypeError, ValueError, pickle.PickleError)
+_CHUNK_STR_ERRORS = (
+    AttributeError,
+    EOFError,
+    RuntimeError,
+    TypeError,
+    ValueError,
+    pickle.PickleError,
+)
 _TRUE = ("1", "true", "yes")
 
 
@@ -77,20 +90,20 @@ def _json_error(status: int, detail: str) -> JSONResponse:
     return JSONResponse({"detail": detail}, status_code=status)
 
 
-_jpeg_pool = ThreadPoolExecutor(2, thread_name_prefix="testbed-jpeg")
-
-
 class _Wire:
     """Encodes replies for one request's codec and frame mode."""
 
-    def __init__(self, codec: Codec, frames: str, core: EvalCore) -> None:
+    def __init__(
+        self, codec: Codec, frames: str, core: EvalCore, pool: ThreadPoolExecutor | None = None
+    ) -> None:
         self.codec = codec
         self.frames = frames
         self.core = core
+        self.pool = pool
 
     def _jpeg(self, arr: np.ndarray) -> JpegFrame:
         cached = self.core.cache.jpeg(arr)
-        if cached is not None:
+        if isinstance(cached, JpegFrame):
             return cached
         jf = JpegFrame.encode(arr, quality=85)
         self.core.cache.put_jpeg(arr, jf)
@@ -101,26 +114,49 @@ class _Wire:
             return entries
         todo: list[tuple[dict[str, Any], str, np.ndarray]] = []
         out: dict[str, Any] = {}
-        for wid, e in entries.items():
-            obs = e.get("obs") if isinstance(e, dict) else None
+        for wid, entry in entries.items():
+            obs = entry.get("obs") if isinstance(entry, dict) else None
             if isinstance(obs, dict) and any(k.startswith("video.") for k in obs):
                 obs = dict(obs)
-                e = {**e, "obs": obs}
+                entry = {**entry, "obs": obs}  # noqa: PLW2901 - a shallow copy replaces the original
                 for k, v in obs.items():
                     if k.startswith("video.") and isinstance(v, np.ndarray):
                         todo.append((obs, k, v))
-            out[wid] = e
-        if len(todo) > 1:
+            out[wid] = entry
+        if len(todo) > 1 and self.pool is not None:
             # simplejpeg releases the GIL: encode the cameras side by side.
-            for (obs, k, _), jf in zip(todo, _jpeg_pool.map(lambda t: self._jpeg(t[2]), todo)):
+            for (obs, k, _), jf in zip(
+                todo, self.pool.map(lambda t: self._jpeg(t[2]), todo), strict=True
+            ):
                 obs[k] = jf
         else:
             for obs, k, v in todo:
                 obs[k] = self._jpeg(v)
         return out
 
-    def encode(self, obj: Any) -> bytes:
-        return self.codec.encode(obj)
+    def encode(self, obj: Any) -> list[bytes | memoryview]:
+        """The reply body as parts (msgpack: header + zero-copy array views; legacy: one pickle)."""
+        return self.codec.encode_parts(obj)
+
+
+class _PartsResponse(Response):
+    """A 200 reply whose body is sent part by part (no join: the array buffers go out as they are)."""
+
+    def __init__(self, parts: list[bytes | memoryview], media_type: str) -> None:
+        self.parts = [p for p in parts if memoryview(p).nbytes]
+        self.status_code = 200
+        self.media_type = media_type
+        self.background = None
+        self.body = b""
+        total = sum(memoryview(p).nbytes for p in self.parts)
+        self.raw_headers = [(b"content-type", media_type.encode()), (b"content-length", str(total).encode())]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        if not self.parts:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        for i, part in enumerate(self.parts):
+            await send({"type": "http.response.body", "body": part, "more_body": i < len(self.parts) - 1})
 
 
 class _Handlers:
@@ -148,17 +184,19 @@ class _Handlers:
         elif mode == "msgpack":
             if ctype == LEGACY_CONTENT_TYPE:
                 raise _HttpError(
-                    415, f"This testbed serves the msgpack wire only: send Content-Type {MSGPACK_CONTENT_TYPE}"
+                    415,
+                    f"This testbed serves the msgpack wire only: send Content-Type {MSGPACK_CONTENT_TYPE}",
                 )
             codec = MsgpackCodec()
         else:
             codec = MsgpackCodec() if ctype == MSGPACK_CONTENT_TYPE else LegacyCodec()
+        pool = self.server.jpeg_pool
         if codec.name == "legacy":
-            return _Wire(codec, "jpeg", core)
+            return _Wire(codec, "jpeg", core, pool)
         frames = request.headers.get("x-genmanip-frames", "raw").strip().lower() or "raw"
         if frames not in ("raw", "jpeg"):
             raise _HttpError(400, f"X-Genmanip-Frames must be raw or jpeg, got {frames!r}")
-        return _Wire(codec, frames, core)
+        return _Wire(codec, frames, core, pool)
 
     @staticmethod
     def _decode(wire: _Wire, body: bytes, what: str) -> Any:
@@ -169,8 +207,8 @@ class _Handlers:
             raise _HttpError(400, f"Invalid {kind} in {what} body: {e}") from None
 
     @staticmethod
-    def _reply(wire: _Wire, payload: bytes) -> Response:
-        return Response(payload, media_type=wire.codec.content_type)
+    def _reply(wire: _Wire, payload: list[bytes | memoryview]) -> _PartsResponse:
+        return _PartsResponse(payload, wire.codec.content_type)
 
     @staticmethod
     async def _json_body(request: Request) -> dict[str, Any]:
@@ -190,7 +228,7 @@ class _Handlers:
             return await run_in_threadpool(fn, *args, **kwargs)
         except _HttpError:
             raise
-        except Exception as e:  # noqa: BLE001 - the real server maps everything else to a 500 detail
+        except Exception as e:
             raise _HttpError(500, _detail(e)) from e
 
     # --- GET routes -------------------------------------------------------------------------------
@@ -212,8 +250,17 @@ class _Handlers:
     async def openapi(self, request: Request) -> Response:
         paths: dict[str, Any] = {}
         for method, route, desc in _ROUTE_DOCS:
-            paths.setdefault(f"/{route}", {})[method.lower()] = {"summary": desc, "responses": {"200": {"description": "OK"}}}
-        return JSONResponse({"openapi": "3.1.0", "info": {"title": "GenManip testbed", "version": __version__}, "paths": paths})
+            paths.setdefault(f"/{route}", {})[method.lower()] = {
+                "summary": desc,
+                "responses": {"200": {"description": "OK"}},
+            }
+        return JSONResponse(
+            {
+                "openapi": "3.1.0",
+                "info": {"title": "GenManip testbed", "version": __version__},
+                "paths": paths,
+            }
+        )
 
     async def protocol(self, request: Request) -> Response:
         mode = self.server.options.wire
@@ -273,11 +320,13 @@ class _Handlers:
     async def kill(self, request: Request) -> Response:
         core = self.core(request)
         ids = await self._worker_ids(request)
-        await self._run(core.kill, [str(w) for w in ids])
+        await self._run(core.kill, ids)  # ids as sent, like the real /kill
         return JSONResponse({"data": {"success": True}})
 
     # --- pickle / msgpack routes ----------------------------------------------------------------------
-    async def _reset_like(self, request: Request, fn_name: str, what: str, shape_msg: str) -> Response:
+    async def _reset_like(
+        self, request: Request, fn_name: str, what: str, shape_msg: str
+    ) -> Response:
         core = self.core(request)
         wire = self.wire(request, core)
         body = await request.body()
@@ -304,7 +353,7 @@ class _Handlers:
         wire = self.wire(request, core)
         actions = self._decode(wire, await request.body(), "request")
 
-        def work() -> bytes:
+        def work() -> list[bytes | memoryview]:
             return wire.encode(wire.entries(core.step(actions)))
 
         payload = await self._run(work)
@@ -328,14 +377,16 @@ class _Handlers:
 
         subframes, suffix = _int("subframes", 2), _int("render_suffix", 2)
 
-        def work() -> bytes:
-            resp = core.step_chunk(chunk, render_mode=mode, subframes=subframes, render_suffix=suffix)
+        def work() -> list[bytes | memoryview]:
+            resp = core.step_chunk(
+                chunk, render_mode=mode, subframes=subframes, render_suffix=suffix
+            )
             resp = {**resp, "obs": wire.entries(resp["obs"])}
             return wire.encode(resp)
 
         try:
             payload = await run_in_threadpool(work)
-        except Exception as e:  # noqa: BLE001 - /step_chunk's own (narrower) error mapping
+        except Exception as e:
             if isinstance(e, RemoteTaskError) and isinstance(e.cause, _CHUNK_STR_ERRORS):
                 raise _HttpError(500, str(e)) from e
             if isinstance(e, _CHUNK_STR_ERRORS) and not isinstance(e, RemoteTaskError):
@@ -354,7 +405,11 @@ _ROUTE_DOCS = [
     ("POST", "reset", "pickle/msgpack {worker_ids: [...]}; empty body = all workers"),
     ("POST", "reset_result", "pickle/msgpack {worker_ids: [...]}; destructive read"),
     ("POST", "step", "pickle/msgpack {worker_id: action_dict}"),
-    ("POST", "step_chunk", "pickle/msgpack [{worker_id: action_dict}, ...]; ?render_mode=&subframes=&render_suffix="),
+    (
+        "POST",
+        "step_chunk",
+        "pickle/msgpack [{worker_id: action_dict}, ...]; ?render_mode=&subframes=&render_suffix=",
+    ),
     ("POST", "kill", "JSON {data: {worker_ids: [...]}}"),
 ]
 
@@ -414,7 +469,7 @@ class _Outer:
         state: dict[str, Any] = {"status": 0, "bytes": 0}
         timed = _is_eval_path(path)
 
-        async def send_wrapper(message: dict[str, Any]) -> None:
+        async def send_wrapper(message: Message) -> None:
             if message["type"] == "http.response.start":
                 state["status"] = message["status"]
                 if timed:
@@ -423,7 +478,7 @@ class _Outer:
                     headers.append((b"x-genmanip-server-ms", f"{ms:.3f}".encode()))
                     message = {**message, "headers": headers}
             elif message["type"] == "http.response.body":
-                state["bytes"] += len(message.get("body", b""))
+                state["bytes"] += memoryview(message.get("body", b"")).nbytes
             await send(message)
 
         try:
@@ -434,8 +489,12 @@ class _Outer:
             if state["status"]:
                 stats.add("statuses", state["status"])
             access_log.info(
-                "%s %s %s %.1fms %dB", scope.get("method", "?"), path, state["status"] or "-",
-                (time.perf_counter() - t0) * 1000.0, state["bytes"],
+                "%s %s %s %.1fms %dB",
+                scope.get("method", "?"),
+                path,
+                state["status"] or "-",
+                (time.perf_counter() - t0) * 1000.0,
+                state["bytes"],
             )
 
 
@@ -465,12 +524,18 @@ class _Auth:
                         break
                 scheme, _, token = got.partition(b" ")
                 if scheme.lower() != b"bearer" or not token:
-                    await JSONResponse({"detail": "Not authenticated: send Authorization: Bearer <token>"},
-                                       status_code=401, headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
+                    await JSONResponse(
+                        {"detail": "Not authenticated: send Authorization: Bearer <token>"},
+                        status_code=401,
+                        headers={"WWW-Authenticate": "Bearer"},
+                    )(scope, receive, send)
                     return
                 if not hmac.compare_digest(token.strip(), need.encode()):
-                    await JSONResponse({"detail": "Invalid token"}, status_code=401,
-                                       headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
+                    await JSONResponse(
+                        {"detail": "Invalid token"},
+                        status_code=401,
+                        headers={"WWW-Authenticate": "Bearer"},
+                    )(scope, receive, send)
                     return
         await self.app(scope, receive, send)
 
@@ -510,17 +575,26 @@ class _Faults:
             await asyncio.sleep(d.latency_s)
         if d.error is not None:
             stats.add("faults", f"error_{d.error}")
-            text = {500: "Internal Server Error", 502: "Bad Gateway", 503: "Service Unavailable",
-                    504: f"{_route_name(path).replace('_', ' ').capitalize()} timed out after 600s"}[d.error]
-            await JSONResponse({"detail": f"{text} (injected fault)"}, status_code=d.error)(scope, receive, send)
+            text = {
+                500: "Internal Server Error",
+                502: "Bad Gateway",
+                503: "Service Unavailable",
+                504: f"{_route_name(path).replace('_', ' ').capitalize()} timed out after 600s",
+            }[d.error]
+            await JSONResponse({"detail": f"{text} (injected fault)"}, status_code=d.error)(
+                scope, receive, send
+            )
             return
         if d.reset_before and _abort_connection(receive):
             stats.add("faults", "reset_before")
             await asyncio.sleep(0.01)
             return
-        if d.reset_after and getattr(getattr(receive, "__self__", None), "transport", None) is not None:
+        if (
+            d.reset_after
+            and getattr(getattr(receive, "__self__", None), "transport", None) is not None
+        ):
 
-            async def swallow(message: dict[str, Any]) -> None:
+            async def swallow(message: Message) -> None:
                 return None
 
             # The work is done, then the connection dies before any byte of the reply.
@@ -533,7 +607,9 @@ class _Faults:
 
 
 def build_asgi_app(
-    server: LocalServer, extra_routes: list[Any] | None = None, online_routes: list[Any] | None = None
+    server: LocalServer,
+    extra_routes: list[Any] | None = None,
+    online_routes: list[Any] | None = None,
 ) -> ASGIApp:
     """The full ASGI application of a :class:`LocalServer` (eval routes, online mount, extras)."""
     h = _Handlers(server)

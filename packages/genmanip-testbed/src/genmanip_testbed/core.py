@@ -115,6 +115,7 @@ class CoreConfig:
         lock_stale_s: float = 300.0,
         frame_cache: bool = True,
         video_fps: int = 30,
+        world_seed: int = 0,
     ) -> None:
         self.robot = get_robot(robot)
         self.results_root = Path(results_root)
@@ -129,6 +130,7 @@ class CoreConfig:
         self.lock_stale_s = lock_stale_s
         self.frame_cache = frame_cache
         self.video_fps = video_fps
+        self.world_seed = int(world_seed)
 
 
 class _Worker:
@@ -143,7 +145,7 @@ class _Worker:
         self.finished = False
         self.lock_failures = 0
         self.first_chunk = True
-        self.frames: dict[str, list[bytes]] = {}
+        self.frames: dict[str, list[Future[bytes]]] = {}
         self.started = ""
 
 
@@ -154,7 +156,9 @@ class EvalCore:
     server's ``detail`` strings.
     """
 
-    def __init__(self, config: CoreConfig, *, stats: Stats | None = None, faults: FaultState | None = None) -> None:
+    def __init__(
+        self, config: CoreConfig, *, stats: Stats | None = None, faults: FaultState | None = None
+    ) -> None:
         self.cfg = config
         self.robot = config.robot
         self.stats = stats or Stats()
@@ -173,9 +177,13 @@ class EvalCore:
         self._leaked: set[_SEED_KEY] = set()
         self._requeued: deque[_SEED_KEY] = deque()
         self.workers: dict[Any, _Worker] = {}
-        self._reset_pool = ThreadPoolExecutor(max(4, config.capacity + 2), thread_name_prefix="testbed-reset")
+        self._reset_pool = ThreadPoolExecutor(
+            max(4, config.capacity + 2), thread_name_prefix="testbed-reset"
+        )
         self._step_pool = ThreadPoolExecutor(32, thread_name_prefix="testbed-step")
         self._finalize_pool = ThreadPoolExecutor(1, thread_name_prefix="testbed-finalize")
+        # Recording JPEG-encodes frames off the request path; finalize waits for them in order.
+        self._record_pool = ThreadPoolExecutor(2, thread_name_prefix="testbed-record")
         self._closed = False
         self._host = socket.gethostname()
 
@@ -195,7 +203,12 @@ class EvalCore:
     def validate_run_id(run_id: str) -> str:
         p = PurePosixPath(run_id)
         parts = run_id.split("/")
-        if p.is_absolute() or "\\" in run_id or "\x00" in run_id or any(s in ("", ".", "..") for s in parts):
+        if (
+            p.is_absolute()
+            or "\\" in run_id
+            or "\x00" in run_id
+            or any(s in ("", ".", "..") for s in parts)
+        ):
             raise ValueError("run_id contains invalid path segments")
         return run_id
 
@@ -224,15 +237,22 @@ class EvalCore:
                 info = self._read_result_info(key)
                 if info is not None:
                     self.scores[key] = info
-        log.info("job loaded: %s run %s, %d episodes (%d already done)", benchmark, effective,
-                 len(self._order), len(self.scores))
+        log.info(
+            "job loaded: %s run %s, %d episodes (%d already done)",
+            benchmark,
+            effective,
+            len(self._order),
+            len(self.scores),
+        )
 
     def _read_result_info(self, key: _SEED_KEY) -> tuple[float, float] | None:
         path = self._seed_dir(key) / "result_info.json"
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
             score = float(data["score"])
-            sr = float(data.get("success_rate", data.get("sr", 1.0 if abs(score - 1) < 1e-6 else 0.0)))
+            sr = float(
+                data.get("success_rate", data.get("sr", 1.0 if abs(score - 1) < 1e-6 else 0.0))
+            )
             return score, sr
         except (OSError, ValueError, KeyError, TypeError):
             return None
@@ -249,7 +269,10 @@ class EvalCore:
                     out[f"*{t.name}"] = {"score": 0.0, "sr": 0.0}
                     continue
                 key = f"({n}/{n}){t.name}" if d >= n else f"*({d}/{n}){t.name}"
-                out[key] = {"score": float(np.mean([x[0] for x in done])), "sr": float(np.mean([x[1] for x in done]))}
+                out[key] = {
+                    "score": float(np.mean([x[0] for x in done])),
+                    "sr": float(np.mean([x[1] for x in done])),
+                }
             return out
 
     def status(self, refresh: bool = False) -> dict[str, Any]:
@@ -257,7 +280,9 @@ class EvalCore:
         with self._job:
             total = sum(t.num_test for t in self.tasks)
             if refresh and self.benchmark_id is not None:
-                completed = sum(1 for k in self._order if (self._seed_dir(k) / "result_info.json").exists())
+                completed = sum(
+                    1 for k in self._order if (self._seed_dir(k) / "result_info.json").exists()
+                )
                 in_progress = sum(1 for k in self._order if self._lock_fresh(k))
             else:
                 completed = len(self.scores)
@@ -265,7 +290,9 @@ class EvalCore:
             active = [w for w, wk in self.workers.items() if not wk.dead]
             results: dict[str, float] = {}
             for t in self.tasks:
-                vals = [self.scores[(t.name, s)][0] for s in t.seeds() if (t.name, s) in self.scores]
+                vals = [
+                    self.scores[(t.name, s)][0] for s in t.seeds() if (t.name, s) in self.scores
+                ]
                 if vals:
                     results[t.name] = float(np.mean(vals))
             if not self.tasks:
@@ -296,14 +323,22 @@ class EvalCore:
             age = time.time() - p.stat().st_mtime
         except OSError:
             return False
-        return age <= self.cfg.lock_stale_s and not (self._seed_dir(key) / "result_info.json").exists()
+        return (
+            age <= self.cfg.lock_stale_s and not (self._seed_dir(key) / "result_info.json").exists()
+        )
 
     def _create_lock(self, key: _SEED_KEY, wid: Any) -> bool:
         path = self._lock_path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         payload = json.dumps(
-            {"worker_id": str(wid), "timestamp": time.time(), "pid": os.getpid(), "host": self._host,
-             "task_name": key[0], "seed": key[1]}
+            {
+                "worker_id": str(wid),
+                "timestamp": time.time(),
+                "pid": os.getpid(),
+                "host": self._host,
+                "task_name": key[0],
+                "seed": key[1],
+            }
         ).encode()
         for _ in range(2):
             try:
@@ -414,14 +449,20 @@ class EvalCore:
             return all(k in self.scores for k in self._order)
 
     # ================================================================================= resets ====
-    def _start_reset(self, w: _Worker, previous: dict[str, Any] | None, key: _SEED_KEY | None) -> None:
+    def _start_reset(
+        self, w: _Worker, previous: dict[str, Any] | None, key: _SEED_KEY | None
+    ) -> None:
         w.cancel = threading.Event()
         w.finished = False
         self.stats.add("resets_started")
         w.pending = self._reset_pool.submit(self._do_reset, w, previous, key, w.cancel)
 
     def _do_reset(
-        self, w: _Worker, previous: dict[str, Any] | None, key: _SEED_KEY | None, cancel: threading.Event
+        self,
+        w: _Worker,
+        previous: dict[str, Any] | None,
+        key: _SEED_KEY | None,
+        cancel: threading.Event,
     ) -> dict[str, Any]:
         if cancel.wait(self.cfg.reset_delay):
             raise RuntimeError(f"Worker {w.wid} reset cancelled before start")
@@ -446,8 +487,15 @@ class EvalCore:
         task = self._task_by_name[key[0]]
         episode_id = f"{self.benchmark_id}/{self.run_id}/{key[0]}/{key[1]}"
         ep = Episode(
-            self.robot, task, key[1], episode_id, num_steps=self.cfg.num_steps,
-            is_rel_default=self.cfg.is_rel_default, cache=self.cache, render=self.cfg.render,
+            self.robot,
+            task,
+            key[1],
+            episode_id,
+            num_steps=self.cfg.num_steps,
+            is_rel_default=self.cfg.is_rel_default,
+            cache=self.cache,
+            render=self.cfg.render,
+            world_seed=self.cfg.world_seed,
         )
         obs = ep.observation(render=True)
         with w.lock:
@@ -498,7 +546,9 @@ class EvalCore:
         if worker_ids is None:
             worker_ids = list(self.workers)
             if not worker_ids:
-                raise ValueError("worker_ids not provided and no active workers exist; create workers first")
+                raise ValueError(
+                    "worker_ids not provided and no active workers exist; create workers first"
+                )
         if not isinstance(worker_ids, list) or not worker_ids:
             raise ValueError("worker_ids must be a non-empty list")
         ids = [str(w) for w in worker_ids]
@@ -552,16 +602,19 @@ class EvalCore:
         return out
 
     # ================================================================================== steps ====
-    def _record_frames(self, w: _Worker, obs: dict[str, Any]) -> None:
+    def _encode_frame(self, arr: np.ndarray) -> bytes:
         from genmanip_protocol.codec import JpegFrame
 
+        jf = self.cache.jpeg(arr)
+        if not isinstance(jf, JpegFrame):
+            jf = JpegFrame.encode(arr, quality=85)
+            self.cache.put_jpeg(arr, jf)
+        return jf.data
+
+    def _record_frames(self, w: _Worker, obs: dict[str, Any]) -> None:
         for key, val in obs.items():
             if key.startswith("video.") and isinstance(val, np.ndarray):
-                jf = self.cache.jpeg(val)
-                if jf is None:
-                    jf = JpegFrame.encode(val, quality=85)
-                    self.cache.put_jpeg(val, jf)
-                w.frames.setdefault(key, []).append(jf.data)
+                w.frames.setdefault(key, []).append(self._record_pool.submit(self._encode_frame, val))
 
     def _end_episode(self, w: _Worker) -> dict[str, Any]:
         ep = w.episode
@@ -570,7 +623,13 @@ class EvalCore:
             raise RayActorError("The actor died unexpectedly before finishing this task.")
         score = ep.score
         sr = 1.0 if ep.success else 0.0
-        result = {"episode_id": ep.episode_id, "task_name": key[0], "seed": key[1], "score": score, "sr": sr}
+        result = {
+            "episode_id": ep.episode_id,
+            "task_name": key[0],
+            "seed": key[1],
+            "score": score,
+            "sr": sr,
+        }
         with self._job:
             self.scores[key] = (score, sr)
             self._claims.pop(key, None)
@@ -584,8 +643,14 @@ class EvalCore:
         self._start_reset(w, result, None)
         return pending_form(self.metric())
 
-    def _finalize(
-        self, ep: Episode, key: _SEED_KEY, wid: Any, run_dir: Path, frames: dict[str, list[bytes]], started: str
+    def _finalize(  # noqa: PLR0917 - a pool job: positional by nature
+        self,
+        ep: Episode,
+        key: _SEED_KEY,
+        wid: Any,
+        run_dir: Path,
+        frames: dict[str, list[Future[bytes]]],
+        started: str,
     ) -> None:
         from genmanip_protocol.atomic import atomic_write_bytes, atomic_write_json
 
@@ -595,8 +660,9 @@ class EvalCore:
             if self.cfg.save_process:
                 from genmanip_protocol.video import transcode_jpegs
 
-                for cam_key, jpegs in frames.items():
-                    name = cam_key[len("video."):]
+                for cam_key, futures in frames.items():
+                    jpegs = [f.result() for f in futures]
+                    name = cam_key[len("video.") :]
                     name = name[: -len("_view")] if name.endswith("_view") else name
                     if jpegs:
                         transcode_jpegs(jpegs, seed_dir / f"{name}.mp4", fps=self.cfg.video_fps)
@@ -608,7 +674,10 @@ class EvalCore:
                     "model_output": ep.record_outputs,
                     "robot_id": ep.robot.robot_id,
                 }
-                atomic_write_bytes(seed_dir / "meta_record.pkl", pickle.dumps(meta, protocol=pickle.HIGHEST_PROTOCOL))
+                atomic_write_bytes(
+                    seed_dir / "meta_record.pkl",
+                    pickle.dumps(meta, protocol=pickle.HIGHEST_PROTOCOL),
+                )
             info: dict[str, Any] = {
                 "score": float(ep.score),
                 "success_rate": 1 if ep.success else 0,
@@ -629,7 +698,7 @@ class EvalCore:
                     lock.unlink()
             except (OSError, ValueError):
                 pass
-        except Exception:  # noqa: BLE001 - a failed finalize must not kill the finalize thread
+        except Exception:
             log.exception("finalize of %s failed", ep.episode_id)
         finally:
             with self._finalize_cv:
@@ -697,7 +766,11 @@ class EvalCore:
             if ep.done:
                 return self._end_episode(w)
             self._refresh_lock(w)
-            return {"obs": ep.observation(render=True), "metric": self.metric(), "episode_result": None}
+            return {
+                "obs": ep.observation(render=True),
+                "metric": self.metric(),
+                "episode_result": None,
+            }
 
     def step(self, actions: Any) -> dict[str, Any]:
         """``/step``: ``{wid: action}``; workers step in parallel; any failure fails the request."""
@@ -714,7 +787,7 @@ class EvalCore:
         for wid, f in futs:
             try:
                 out[wid] = f.result()
-            except BaseException as e:  # noqa: BLE001 - re-raised below, after every worker finished
+            except BaseException as e:
                 if first_error is None:
                     first_error = e
         if first_error is not None:
@@ -745,13 +818,22 @@ class EvalCore:
                             raise
                         self.stats.add("resets_swallowed")
                         if swallowed.get("obs") is None:
-                            return {"obs": {wid: swallowed}, "executed_steps": 1, "stopped_early": len(chunk) > 1}
+                            return {
+                                "obs": {wid: swallowed},
+                                "executed_steps": 1,
+                                "stopped_early": len(chunk) > 1,
+                            }
                     if w.pending is None and w.episode is not None:
                         return self._fast_chunk(w, wid, chunk, render_mode, render_suffix)
         return self._slow_chunk(chunk)
 
     def _fast_chunk(
-        self, w: _Worker, wid: str, chunk: list[dict[Any, Any]], render_mode: str, render_suffix: int
+        self,
+        w: _Worker,
+        wid: str,
+        chunk: list[dict[Any, Any]],
+        render_mode: str,
+        render_suffix: int,
     ) -> dict[str, Any]:
         self.stats.add("chunk_paths", "fast")
         if not self._refresh_lock(w):
@@ -775,9 +857,17 @@ class EvalCore:
         self._refresh_lock(w)
         if entry is None:
             assert w.episode is not None
-            entry = {"obs": w.episode.observation(render=True), "metric": self.metric(), "episode_result": None}
+            entry = {
+                "obs": w.episode.observation(render=True),
+                "metric": self.metric(),
+                "episode_result": None,
+            }
         done = bool(entry.get("reset_pending"))
-        return {"obs": {wid: entry}, "executed_steps": executed, "stopped_early": done or executed < n}
+        return {
+            "obs": {wid: entry},
+            "executed_steps": executed,
+            "stopped_early": done or executed < n,
+        }
 
     def _slow_chunk(self, chunk: list[dict[Any, Any]]) -> dict[str, Any]:
         self.stats.add("chunk_paths", "slow")
@@ -787,7 +877,9 @@ class EvalCore:
             resp = self.step(body)
             executed += 1
             if any(
-                e.get("reset_pending") or e.get("obs") is None or (isinstance(e.get("obs"), dict) and e["obs"].get("reset"))
+                e.get("reset_pending")
+                or e.get("obs") is None
+                or (isinstance(e.get("obs"), dict) and e["obs"].get("reset"))
                 for e in resp.values()
             ):
                 break
@@ -808,3 +900,4 @@ class EvalCore:
         self._reset_pool.shutdown(wait=True, cancel_futures=True)
         self._step_pool.shutdown(wait=True, cancel_futures=True)
         self._finalize_pool.shutdown(wait=True)
+        self._record_pool.shutdown(wait=True, cancel_futures=True)

@@ -63,18 +63,26 @@ class FaultSpec:
         if self.latency_s < 0:
             raise FaultSpecError(f"fault latency: expected >= 0, got {self.latency_s}")
         if self.stall_reset < 0:
-            raise FaultSpecError(f"fault stall_reset: expected a count >= 0, got {self.stall_reset}")
+            raise FaultSpecError(
+                f"fault stall_reset: expected a count >= 0, got {self.stall_reset}"
+            )
         for code in self.errors:
             if code not in _ALLOWED_ERRORS:
-                raise FaultSpecError(f"fault errors: {code} is not one of {'|'.join(map(str, _ALLOWED_ERRORS))}")
+                raise FaultSpecError(
+                    f"fault errors: {code} is not one of {'|'.join(map(str, _ALLOWED_ERRORS))}"
+                )
         if not self.errors:
             raise FaultSpecError("fault errors: at least one status is needed")
 
     @property
     def active(self) -> bool:
         return bool(
-            self.latency_s or self.error_rate or self.reset_before or self.reset_after
-            or self.stall_reset or self.die_worker
+            self.latency_s
+            or self.error_rate
+            or self.reset_before
+            or self.reset_after
+            or self.stall_reset
+            or self.die_worker
         )
 
     @classmethod
@@ -94,14 +102,17 @@ class FaultSpec:
             kw = {f.name: getattr(spec, f.name) for f in fields(cls)}
             for k, v in direct.items():
                 if k == "errors":
-                    v = tuple(int(x) for x in v)
+                    kw[k] = tuple(int(x) for x in v)
                 elif k == "die_worker":
-                    v = tuple((str(w), int(n)) for w, n in v)
+                    kw[k] = tuple((str(w), int(n)) for w, n in v)
                 elif k == "routes":
-                    v = tuple(str(r) for r in v)
-                kw[k] = v
+                    kw[k] = tuple(str(r) for r in v)
+                else:
+                    kw[k] = v
             return cls(**kw)
-        raise FaultSpecError(f"faults: expected a FaultSpec, a dict or a spec string, got {type(value).__name__}")
+        raise FaultSpecError(
+            f"faults: expected a FaultSpec, a dict or a spec string, got {type(value).__name__}"
+        )
 
 
 def _duration(key: str, text: str) -> float:
@@ -135,7 +146,9 @@ def parse_fault_spec(text: str) -> FaultSpec:
             try:
                 kw["errors"] = tuple(int(x) for x in val.split("|") if x)
             except ValueError:
-                raise FaultSpecError(f"fault errors: expected codes like 500|503, got {val!r}") from None
+                raise FaultSpecError(
+                    f"fault errors: expected codes like 500|503, got {val!r}"
+                ) from None
         elif key == "stall_reset":
             if not val.isdigit():
                 raise FaultSpecError(f"fault stall_reset: expected a count, got {val!r}")
@@ -145,7 +158,9 @@ def parse_fault_spec(text: str) -> FaultSpec:
             for item in val.split("|"):
                 w, at, n = item.partition("@")
                 if not at or not w or not n.isdigit() or int(n) < 1:
-                    raise FaultSpecError(f"fault die_worker: expected WORKER@STEP (e.g. 1@30), got {item!r}")
+                    raise FaultSpecError(
+                        f"fault die_worker: expected WORKER@STEP (e.g. 1@30), got {item!r}"
+                    )
                 items.append((w, int(n)))
             kw["die_worker"] = tuple(items)
         elif key == "routes":
@@ -210,9 +225,11 @@ class FaultState:
         return Decision(
             latency_s=spec.latency_s,
             error=err,
-            reset_before=err is None and bool(spec.reset_before)
+            reset_before=err is None
+            and bool(spec.reset_before)
             and _uniform(spec.seed, route, n, "rst_before") < spec.reset_before,
-            reset_after=err is None and bool(spec.reset_after)
+            reset_after=err is None
+            and bool(spec.reset_after)
             and _uniform(spec.seed, route, n, "rst_after") < spec.reset_after,
         )
 

@@ -28,6 +28,7 @@ from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import Message
 
 from .core import EvalCore
 from .tasks import resolve_configs
@@ -49,7 +50,13 @@ def _env(data: Any = None, code: int = 0, msg: str = "success", status: int = 20
 
 
 def _unsafe_member(name: str) -> bool:
-    if not name or "\x00" in name or "\\" in name or name.startswith("/") or re.match(r"^[A-Za-z]:", name):
+    if (
+        not name
+        or "\x00" in name
+        or "\\" in name
+        or name.startswith("/")
+        or re.match(r"^[A-Za-z]:", name)
+    ):
         return True
     return any(part == ".." for part in name.split("/"))
 
@@ -84,7 +91,7 @@ class HostedServices:
             t = self._tasks.get(task_id)
             return t.core if t is not None else None
 
-    async def _json(self, request: Request) -> dict[str, Any] | None:
+    async def _json(self, request: Request) -> Any:
         try:
             data = json.loads(await request.body() or b"{}")
         except (json.JSONDecodeError, UnicodeDecodeError):
@@ -102,7 +109,9 @@ class HostedServices:
         if task_id is None and not body.get("model_name"):
             return _env(None, _CODE_BAD_REQUEST, "missing field: model_name")
         if task_id is not None and not _SAFE_ID.match(str(task_id)):
-            return _env(None, _CODE_BAD_REQUEST, "task_id must be 1-128 characters of [A-Za-z0-9_.-]")
+            return _env(
+                None, _CODE_BAD_REQUEST, "task_id must be 1-128 characters of [A-Za-z0-9_.-]"
+            )
         bench = body.get("benchmark_set")
         configs = list(self.server.options.tasks)
         if bench:
@@ -112,8 +121,18 @@ class HostedServices:
                 return _env(None, _CODE_BAD_REQUEST, f"unknown benchmark_set {bench!r}")
             configs = [str(bench)]
         tid = str(task_id) if task_id is not None else uuid.uuid4().hex[:16]
-        fields = {k: body.get(k) for k in ("model_name", "model_type", "benchmark_set", "submitter_name",
-                                            "submitter_homepage", "is_public") if k in body}
+        fields: dict[str, Any] = {
+            k: body.get(k)
+            for k in (
+                "model_name",
+                "model_type",
+                "benchmark_set",
+                "submitter_name",
+                "submitter_homepage",
+                "is_public",
+            )
+            if k in body
+        }
         with self._lock:
             self._tasks.setdefault(tid, _OnlineTask(tid, fields, configs))
         return _env({"task_id": tid, "status": "queued"})
@@ -133,8 +152,15 @@ class HostedServices:
         wait = self.server.options.online_ready_after
         if t.polls <= wait:
             left = wait - t.polls + 1
-            return _env({"task_id": t.task_id, "ready": False, "status": "queued", "queue_position": left,
-                         "eta_seconds": 5 * left})
+            return _env(
+                {
+                    "task_id": t.task_id,
+                    "ready": False,
+                    "status": "queued",
+                    "queue_position": left,
+                    "eta_seconds": 5 * left,
+                }
+            )
         if t.core is None:
             opts = self.server.options
             core = EvalCore(opts.core_config(), stats=self.server.stats, faults=self.server.faults)
@@ -142,8 +168,14 @@ class HostedServices:
             with self._lock:
                 t.core = core
         base = str(request.base_url).rstrip("/")
-        return _env({"task_id": t.task_id, "ready": True, "status": "running",
-                     "endpoint": f"{base}/online/{t.task_id}"})
+        return _env(
+            {
+                "task_id": t.task_id,
+                "ready": True,
+                "status": "running",
+                "endpoint": f"{base}/online/{t.task_id}",
+            }
+        )
 
     async def stop(self, request: Request) -> Response:
         tid = request.path_params["task_id"]
@@ -169,12 +201,14 @@ class HostedServices:
         limit = self.server.options.max_upload_bytes
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            return JSONResponse({"error": f"upload too large: {declared} bytes exceeds the limit of {limit} bytes"},
-                                status_code=413)
+            return JSONResponse(
+                {"error": f"upload too large: {declared} bytes exceeds the limit of {limit} bytes"},
+                status_code=413,
+            )
         received = 0
         original = request.receive
 
-        async def limited() -> dict[str, Any]:
+        async def limited() -> Message:
             nonlocal received
             msg = await original()
             if msg.get("type") == "http.request":
@@ -187,9 +221,13 @@ class HostedServices:
         try:
             form = await req.form(max_files=1, max_fields=16)
         except _TooLarge:
-            return JSONResponse({"error": f"upload too large: exceeds the limit of {limit} bytes"}, status_code=413)
-        except Exception as e:  # noqa: BLE001 - any malformed multipart body is the client's error
-            return JSONResponse({"error": f"malformed multipart body: {type(e).__name__}"}, status_code=400)
+            return JSONResponse(
+                {"error": f"upload too large: exceeds the limit of {limit} bytes"}, status_code=413
+            )
+        except Exception as e:
+            return JSONResponse(
+                {"error": f"malformed multipart body: {type(e).__name__}"}, status_code=400
+            )
         try:
             return await self._accept(form)
         finally:
@@ -206,7 +244,9 @@ class HostedServices:
                 return JSONResponse({"error": f"missing field: {name}"}, status_code=400)
             fields[name] = v.strip()
         expected = self.server.options.leaderboard_token
-        if expected is not None and not hmac.compare_digest(fields["author_token"].encode(), expected.encode()):
+        if expected is not None and not hmac.compare_digest(
+            fields["author_token"].encode(), expected.encode()
+        ):
             return JSONResponse({"error": "invalid author_token"}, status_code=401)
         infos_raw = form.get("submission_infos")
         infos: Any = None
@@ -214,16 +254,22 @@ class HostedServices:
             try:
                 infos = json.loads(infos_raw)
             except json.JSONDecodeError:
-                return JSONResponse({"error": "submission_infos must be a JSON string"}, status_code=400)
+                return JSONResponse(
+                    {"error": "submission_infos must be a JSON string"}, status_code=400
+                )
         upload.file.seek(0)
         try:
             with zipfile.ZipFile(upload.file) as zf:
                 members = zf.infolist()
                 for m in members:
                     if _unsafe_member(m.filename):
-                        return JSONResponse({"error": f"unsafe member path in zip: {m.filename!r}"}, status_code=400)
+                        return JSONResponse(
+                            {"error": f"unsafe member path in zip: {m.filename!r}"}, status_code=400
+                        )
                     if stat.S_ISLNK(m.external_attr >> 16):
-                        return JSONResponse({"error": f"symlink member in zip: {m.filename!r}"}, status_code=400)
+                        return JSONResponse(
+                            {"error": f"symlink member in zip: {m.filename!r}"}, status_code=400
+                        )
                 bad = zf.testzip()
                 if bad is not None:
                     return JSONResponse({"error": f"corrupt zip member: {bad!r}"}, status_code=400)
@@ -293,4 +339,3 @@ class HostedServices:
             cores = [t.core for t in self._tasks.values() if t.core is not None]
         for c in cores:
             c.close()
-

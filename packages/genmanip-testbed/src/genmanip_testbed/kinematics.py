@@ -49,7 +49,8 @@ def arm_jacobian(arm_dof: int) -> np.ndarray:
     """The constant (3, arm_dof-1) position Jacobian (m/rad)."""
     n = arm_dof - 1
     cols = [_COLUMNS[i % len(_COLUMNS)] for i in range(n)]
-    return np.array(cols, dtype=np.float64).T
+    out: np.ndarray = np.array(cols, dtype=np.float64).T
+    return out
 
 
 def arm_mounts(n_arms: int) -> np.ndarray:
@@ -114,16 +115,22 @@ def ik(pos: np.ndarray, rot: np.ndarray, q_current: np.ndarray) -> np.ndarray | 
     q[-1] = math.atan2(yaw_m[1, 0], yaw_m[0, 0])
     if not np.all(np.isfinite(q)) or np.max(np.abs(q)) > IK_JOINT_LIMIT:
         return None
-    return q
+    return np.asarray(q, dtype=np.float64)
 
 
 def local_to_world(p_local: np.ndarray, mount: np.ndarray, base: np.ndarray) -> np.ndarray:
     """Arm-base point -> world point, given the mount (3,) and base ``[x, y, yaw_rad]``."""
     rz = _rz(float(base[2]))
-    return rz @ (np.asarray(mount) + np.asarray(p_local)) + np.array([base[0], base[1], 0.0])
+    out: np.ndarray = rz @ (np.asarray(mount) + np.asarray(p_local)) + np.array(
+        [base[0], base[1], 0.0]
+    )
+    return out
 
 
 def world_to_local(p_world: np.ndarray, mount: np.ndarray, base: np.ndarray) -> np.ndarray:
     """Inverse of :func:`local_to_world`."""
     rz = _rz(float(base[2]))
-    return rz.T @ (np.asarray(p_world) - np.array([base[0], base[1], 0.0])) - np.asarray(mount)
+    out: np.ndarray = rz.T @ (np.asarray(p_world) - np.array([base[0], base[1], 0.0])) - np.asarray(
+        mount
+    )
+    return out

@@ -57,7 +57,9 @@ class ExpertPolicy:
         threshold: float = 70.0,
     ) -> None:
         if control_type not in ("joint_position", "ee_pose"):
-            raise ValueError(f"control_type: expected joint_position or ee_pose, got {control_type!r}")
+            raise ValueError(
+                f"control_type: expected joint_position or ee_pose, got {control_type!r}"
+            )
         self.seed = int(seed)
         self.noise = float(noise)
         self.speed = float(speed)
@@ -80,13 +82,18 @@ class ExpertPolicy:
         if key is None:
             return None
         img = np.asarray(obs[key])
-        small = img[::2, ::2].astype(np.int16)
-        ref = np.array(COLOURS[colour], dtype=np.int16)
+        stride = 3
+        small = img[::stride, ::stride].astype(np.int32)
+        ref = np.array(COLOURS[colour], dtype=np.int32)
         d2 = np.sum((small - ref) ** 2, axis=-1)
         rows, cols = np.nonzero(d2 < self.threshold**2)
-        if rows.size < 12:
+        if rows.size < 8:
             return None
-        x, y = top_pixel_to_world(float(rows.mean()) * 2 + 0.5, float(cols.mean()) * 2 + 0.5, img.shape[:2])
+        x, y = top_pixel_to_world(
+            float(rows.mean()) * stride + 0.5 * (stride - 1),
+            float(cols.mean()) * stride + 0.5 * (stride - 1),
+            img.shape[:2],
+        )
         return np.array([x, y, 0.02])
 
     # --- control ----------------------------------------------------------------------------------
@@ -113,8 +120,15 @@ class ExpertPolicy:
         target = self._target if self._target is not None else ee.copy()
         return robot, arm, ee, target, lift
 
-    def _next(self, robot: RobotSpec, arm: int, ee: np.ndarray, target: np.ndarray, lift: bool,
-              obs: Mapping[str, Any]) -> tuple[dict[str, Any], np.ndarray]:
+    def _next(  # noqa: PLR0917 - private helper fed from _plan's tuple
+        self,
+        robot: RobotSpec,
+        arm: int,
+        ee: np.ndarray,
+        target: np.ndarray,
+        lift: bool,
+        obs: Mapping[str, Any],
+    ) -> tuple[dict[str, Any], np.ndarray]:
         assert self._q_cmd is not None
         close = self._closed_steps > 0
         goal = target.copy()
@@ -149,14 +163,27 @@ class ExpertPolicy:
             for i in range(robot.n_arms):
                 vec.extend(float(v) for v in self._q_cmd[i])
                 vec.extend(float(v) for v in grips[i])
-            action: dict[str, Any] = {"control_type": "joint_position", "action": vec, "is_rel": False}
+            action: dict[str, Any] = {
+                "control_type": "joint_position",
+                "action": vec,
+                "is_rel": False,
+            }
         else:
             poses = []
             for i in range(robot.n_arms):
                 pos, rot = fk(self._q_cmd[i])
-                poses.append([[float(v) for v in pos], [float(v) for v in mat_to_quat(rot)],
-                              [float(v) for v in grips[i]]])
-            action = {"control_type": "ee_pose", "action": poses if robot.n_arms == 2 else poses[0], "is_rel": False}
+                poses.append(
+                    [
+                        [float(v) for v in pos],
+                        [float(v) for v in mat_to_quat(rot)],
+                        [float(v) for v in grips[i]],
+                    ]
+                )
+            action = {
+                "control_type": "ee_pose",
+                "action": poses if robot.n_arms == 2 else poses[0],
+                "is_rel": False,
+            }
         if robot.has_base:
             action["base_motion"] = [0.0, 0.0, 0.0]
             action["base_is_rel"] = True
@@ -210,7 +237,14 @@ class ZeroPolicy:
 def expert(**kwargs: Any) -> ExpertPolicy:
     """Factory of :class:`ExpertPolicy`; values may be strings (``seed=3``, ``noise=0.002``,
     ``speed=0.03``, ``control_type=ee_pose``, ``chunk=4``, ``threshold=70``)."""
-    known = {"seed": int, "noise": float, "speed": float, "control_type": str, "chunk": int, "threshold": float}
+    known = {
+        "seed": int,
+        "noise": float,
+        "speed": float,
+        "control_type": str,
+        "chunk": int,
+        "threshold": float,
+    }
     parsed: dict[str, Any] = {}
     for k, v in kwargs.items():
         key = k.replace("-", "_")
@@ -219,7 +253,9 @@ def expert(**kwargs: Any) -> ExpertPolicy:
         try:
             parsed[key] = known[key](v)
         except (TypeError, ValueError):
-            raise ValueError(f"expert policy: {k}={v!r} is not a valid {known[key].__name__}") from None
+            raise ValueError(
+                f"expert policy: {k}={v!r} is not a valid {known[key].__name__}"
+            ) from None
     return ExpertPolicy(**parsed)
 
 
@@ -227,7 +263,9 @@ def zero(**kwargs: Any) -> ZeroPolicy:
     """Factory of :class:`ZeroPolicy` (``chunk=N`` accepted)."""
     unknown = set(kwargs) - {"chunk", "seed"}
     if unknown:
-        raise ValueError(f"zero policy: unknown argument(s) {', '.join(sorted(unknown))} (known: chunk)")
+        raise ValueError(
+            f"zero policy: unknown argument(s) {', '.join(sorted(unknown))} (known: chunk)"
+        )
     return ZeroPolicy(chunk=int(kwargs.get("chunk", 4)))
 
 

@@ -10,11 +10,14 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .app import ASGIApp, build_asgi_app
+from starlette.types import ASGIApp
+
+from .app import build_asgi_app
 from .core import CoreConfig, EvalCore
 from .errors import ServerStartError, UnknownConfigError
 from .faults import FaultSpec, FaultState
@@ -69,16 +72,22 @@ class ServerOptions:
         self.results_root = Path(self.results_root)
         if self.data_dir is None:
             self.data_dir = self.results_root / "testbed_data"
-        if isinstance(self.tasks, str):
-            self.tasks = (self.tasks,)
-        self.tasks = tuple(self.tasks)
+        self.tasks = (self.tasks,) if isinstance(self.tasks, str) else tuple(self.tasks)  # type: ignore[unreachable]
 
     def core_config(self, **overrides: Any) -> CoreConfig:
         kw: dict[str, Any] = dict(
-            robot=self.robot, results_root=self.results_root, save_process=self.save_process,
-            capacity=self.capacity, reset_delay=self.reset_delay, num_steps=self.num_steps,
-            is_rel_default=self.is_rel_default, render=self.render, frame_cache=self.frame_cache,
-            next_task_timeout=self.next_task_timeout, rescan_interval=self.rescan_interval,
+            robot=self.robot,
+            results_root=self.results_root,
+            save_process=self.save_process,
+            capacity=self.capacity,
+            reset_delay=self.reset_delay,
+            num_steps=self.num_steps,
+            is_rel_default=self.is_rel_default,
+            render=self.render,
+            frame_cache=self.frame_cache,
+            next_task_timeout=self.next_task_timeout,
+            rescan_interval=self.rescan_interval,
+            world_seed=self.seed,
         )
         kw.update(overrides)
         return CoreConfig(**kw)
@@ -87,14 +96,21 @@ class ServerOptions:
 class LocalServer:
     """One testbed process: the eval core, the hosted-service emulations and the ASGI app."""
 
-    def __init__(self, options: ServerOptions, *, faults: FaultSpec | Mapping[str, Any] | str | None = None) -> None:
+    def __init__(
+        self, options: ServerOptions, *, faults: FaultSpec | Mapping[str, Any] | str | None = None
+    ) -> None:
         self.options = options
         try:
             resolve_configs(list(options.tasks))
         except (ValueError, AssertionError) as e:
-            raise UnknownConfigError(str(e), hint="known task sets: testbed/all, testbed/smoke, "
-                                     "testbed/<reach|lift>[/<easy|hard>]") from None
+            raise UnknownConfigError(
+                str(e),
+                hint="known task sets: testbed/all, testbed/smoke, "
+                "testbed/<reach|lift>[/<easy|hard>]",
+            ) from None
         self.stats = Stats()
+        # JPEG encoding of a reply's cameras runs side by side (simplejpeg releases the GIL).
+        self.jpeg_pool = ThreadPoolExecutor(2, thread_name_prefix="testbed-jpeg")
         self.faults = FaultState(FaultSpec.coerce(faults))
         self.core = EvalCore(options.core_config(), stats=self.stats, faults=self.faults)
         if options.job:
@@ -112,6 +128,7 @@ class LocalServer:
     def close(self) -> None:
         self.hosted.close()
         self.core.close()
+        self.jpeg_pool.shutdown(wait=True)
 
 
 class ServerHandle:
@@ -177,13 +194,26 @@ def _bind(host: str, port: int) -> socket.socket:
 class _UvicornThread:
     """uvicorn on a pre-bound socket in a background thread."""
 
-    def __init__(self, app: ASGIApp, sock: socket.socket, *, ssl_certfile: str | None, ssl_keyfile: str | None,
-                 log_level: str = "warning") -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        sock: socket.socket,
+        *,
+        ssl_certfile: str | None,
+        ssl_keyfile: str | None,
+        log_level: str = "warning",
+    ) -> None:
         import uvicorn
 
         config = uvicorn.Config(
-            app, http="httptools", lifespan="off", log_level=log_level, access_log=False,
-            ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile, timeout_graceful_shutdown=2,
+            app,
+            http="httptools",
+            lifespan="off",
+            log_level=log_level,
+            access_log=False,
+            ssl_certfile=ssl_certfile,
+            ssl_keyfile=ssl_keyfile,
+            timeout_graceful_shutdown=2,
             timeout_keep_alive=5,
         )
         self.server = uvicorn.Server(config)
@@ -194,7 +224,7 @@ class _UvicornThread:
     def _run(self) -> None:
         try:
             self.server.run(sockets=[self.sock])
-        except BaseException as e:  # noqa: BLE001 - reported to the starting thread
+        except BaseException as e:
             self.error = e
 
     def start(self, timeout: float = 20.0) -> None:
@@ -218,6 +248,7 @@ class _UvicornThread:
 @contextlib.contextmanager
 def serve_testbed(
     robot: str = "manip/lift2/R5a",
+    *,
     wire: str = "both",
     tasks: Sequence[str] | str = (DEFAULT_CONFIG,),
     token: str | None = None,
@@ -228,7 +259,6 @@ def serve_testbed(
     faults: FaultSpec | Mapping[str, Any] | str | None = None,
     seed: int = 0,
     num_steps: int | None = None,
-    *,
     host: str = "127.0.0.1",
     port: int = 0,
     online_token: str | None = None,
@@ -258,7 +288,8 @@ def serve_testbed(
         run_id: the default job's run id (None: a timestamp, the real server's rule).
         job: load a job at start (False: idle until ``/start_new_job``).
         faults: a :class:`FaultSpec`, a spec string or a dict.
-        seed: reserved for world randomisation (episodes are already seeded per task and seed).
+        seed: world seed; 0 gives the default scenes (every episode is seeded by its task and seed;
+            a non-zero value varies them all, deterministically).
         num_steps: episode step limit override.
         online_token: Bearer token of the online-service emulation (default: ``token``).
         leaderboard_token: accepted ``author_token`` of the leaderboard emulation (default: ``token``;
@@ -279,11 +310,24 @@ def serve_testbed(
         root = Path(results_root)
         root.mkdir(parents=True, exist_ok=True)
     opts = ServerOptions(
-        robot=robot, wire=wire, tasks=tuple([tasks] if isinstance(tasks, str) else tasks), token=token,
-        online_token=online_token, leaderboard_token=leaderboard_token, results_root=root,
-        data_dir=Path(data_dir) if data_dir is not None else None, save_process=save_process, run_id=run_id,
-        job=job, seed=seed, num_steps=num_steps, capacity=capacity, reset_delay=reset_delay,
-        online_ready_after=online_ready_after, max_upload_bytes=max_upload_bytes, frame_cache=frame_cache,
+        robot=robot,
+        wire=wire,
+        tasks=tuple([tasks] if isinstance(tasks, str) else tasks),
+        token=token,
+        online_token=online_token,
+        leaderboard_token=leaderboard_token,
+        results_root=root,
+        data_dir=Path(data_dir) if data_dir is not None else None,
+        save_process=save_process,
+        run_id=run_id,
+        job=job,
+        seed=seed,
+        num_steps=num_steps,
+        capacity=capacity,
+        reset_delay=reset_delay,
+        online_ready_after=online_ready_after,
+        max_upload_bytes=max_upload_bytes,
+        frame_cache=frame_cache,
         is_rel_default=is_rel_default,
     )
     server: LocalServer | None = None
@@ -292,7 +336,8 @@ def serve_testbed(
         server = LocalServer(opts, faults=faults)
         sock = _bind(host, port)
         runner = _UvicornThread(
-            server.app, sock,
+            server.app,
+            sock,
             ssl_certfile=str(ssl_certfile) if ssl_certfile else None,
             ssl_keyfile=str(ssl_keyfile) if ssl_keyfile else None,
         )

@@ -58,9 +58,18 @@ class TaskSpec:
         return [f"{i:03d}" for i in range(self.num_test)]
 
 
-_SUITE_STEPS = {("reach", "easy"): 60, ("reach", "hard"): 45, ("lift", "easy"): 100, ("lift", "hard"): 80}
-_COLOURS = {("reach", "easy"): ("red", "blue"), ("reach", "hard"): ("green", "yellow"),
-            ("lift", "easy"): ("blue", "green"), ("lift", "hard"): ("red", "yellow")}
+_SUITE_STEPS = {
+    ("reach", "easy"): 60,
+    ("reach", "hard"): 45,
+    ("lift", "easy"): 100,
+    ("lift", "hard"): 80,
+}
+_COLOURS = {
+    ("reach", "easy"): ("red", "blue"),
+    ("reach", "hard"): ("green", "yellow"),
+    ("lift", "easy"): ("blue", "green"),
+    ("lift", "hard"): ("red", "yellow"),
+}
 
 
 def _build() -> dict[str, TaskSpec]:
@@ -125,7 +134,9 @@ def resolve_configs(config_paths: list[str]) -> tuple[str, list[TaskSpec]]:
         if benchmark is None:
             benchmark = bench
         else:
-            assert benchmark == bench, f"Only one benchmark is allowed at a time: {benchmark} vs {bench}"
+            assert benchmark == bench, (
+                f"Only one benchmark is allowed at a time: {benchmark} vs {bench}"
+            )
         for n in names:
             if n not in seen:
                 seen.add(n)

@@ -29,7 +29,7 @@ from .kinematics import arm_mounts, fk, ik, local_to_world, mat_to_quat, quat_to
 from .render import COLOURS, FrameCache, Renderer, SceneView
 from .tasks import TaskSpec
 
-__all__ = ["REACH_TOL", "LIFT_HEIGHT", "Episode", "StepError"]
+__all__ = ["LIFT_HEIGHT", "REACH_TOL", "Episode", "StepError"]
 
 #: Distance (m) between the gripper and the block centre that counts as "at the block".
 REACH_TOL = 0.03
@@ -49,8 +49,9 @@ class StepError(Exception):
         self.cause = cause
 
 
-def _rng_for(task: TaskSpec, seed: str) -> np.random.Generator:
-    return np.random.default_rng(zlib.crc32(f"{task.name}/{seed}".encode()))
+def _rng_for(task: TaskSpec, seed: str, world_seed: int = 0) -> np.random.Generator:
+    key = f"{task.name}/{seed}" if not world_seed else f"{world_seed}/{task.name}/{seed}"
+    return np.random.default_rng(zlib.crc32(key.encode()))
 
 
 class Episode:
@@ -64,6 +65,7 @@ class Episode:
         is_rel_default: the server's ``-ira`` flag (default for a missing ``is_rel``).
         cache: the frame cache shared by the server (None: a private one).
         render: False skips cameras entirely (the real ``--without_render``).
+        world_seed: varies every scene (0 = the default scenes).
     """
 
     def __init__(
@@ -77,6 +79,7 @@ class Episode:
         is_rel_default: bool = False,
         cache: FrameCache | None = None,
         render: bool = True,
+        world_seed: int = 0,
     ) -> None:
         self.robot = robot
         self.task = task
@@ -99,7 +102,7 @@ class Episode:
         self.termination_reason: str | None = None
         self.grasped = False
         self.stages = [False] * task.n_stages
-        self._build_scene(_rng_for(task, seed))
+        self._build_scene(_rng_for(task, seed, world_seed))
         self._prev_closed = self._closedness()
         lo = np.minimum(self.g_open, self.g_closed) - 0.01
         hi = np.maximum(self.g_open, self.g_closed) + 0.01
@@ -135,14 +138,17 @@ class Episode:
         self.distractors: list[tuple[np.ndarray, tuple[int, int, int]]] = []
         if hard:
             ang = rng.uniform(0, 2 * math.pi)
-            d = rng.uniform(0.05, 0.16)
+            d = rng.uniform(0.04, 0.14)
             p = self.target + np.array([d * math.cos(ang), d * math.sin(ang), 0.0])
             self.distractors.append((p, COLOURS[task.colour + "_alt"]))
         others = [c for c in ("red", "blue", "green", "yellow") if c != task.colour]
         for colour in rng.permutation(others)[:2]:
             for _ in range(20):
                 p = np.array([rng.uniform(0.25, 0.75), rng.uniform(-0.5, 0.5), _BLOCK_Z])
-                if all(np.linalg.norm(p[:2] - q[:2]) > 0.15 for q, _ in [(self.target, None), *self.distractors]):
+                if all(
+                    np.linalg.norm(p[:2] - q[:2]) > 0.15
+                    for q, _ in [(self.target, None), *self.distractors]
+                ):
                     self.distractors.append((p, COLOURS[str(colour)]))
                     break
         arm_name = ("left" if self.arm == 0 else "right") if n == 2 else "robot's"
@@ -156,7 +162,7 @@ class Episode:
     def _measured(self, q_cmd: np.ndarray) -> np.ndarray:
         q = q_cmd.copy()
         q[:, 1] -= _SAG
-        return q
+        return np.asarray(q)
 
     def _closedness(self) -> float:
         span = self.g_closed - self.g_open
@@ -181,7 +187,9 @@ class Episode:
         n = self.robot.n_arms
         return SceneView(
             base=self.base.copy(),
-            mounts_world=np.array([local_to_world(np.zeros(3), self.mounts[i], self.base) for i in range(n)]),
+            mounts_world=np.array(
+                [local_to_world(np.zeros(3), self.mounts[i], self.base) for i in range(n)]
+            ),
             ee_world=np.array([self.ee_world(i) for i in range(n)]),
             openness=self._openness(),
             target=self.target.copy(),
@@ -222,8 +230,13 @@ class Episode:
             "state.ee_pose": poses if r.n_arms == 2 else poses[0],
         }
 
-    def observation(self, *, render: bool = True) -> dict[str, Any]:
-        """The observation dict with the real keys (frames as read-only (H, W, 3) uint8 arrays)."""
+    def observation(
+        self, *, render: bool = True, cameras: list[str] | None = None
+    ) -> dict[str, Any]:
+        """The observation dict with the real keys (frames as read-only (H, W, 3) uint8 arrays).
+
+        ``cameras`` limits rendering to these camera keys (without ``video.``); default all.
+        """
         obs: dict[str, Any] = {
             "instruction": self.instruction,
             "timestep": int(self.timestep),
@@ -233,7 +246,7 @@ class Episode:
         }
         obs.update(self.state_arrays())
         if render and self.with_render:
-            for cam, arr in self.renderer.render(self.view()).items():
+            for cam, arr in self.renderer.render(self.view(), cameras).items():
                 obs[f"video.{cam}"] = arr
         return obs
 
@@ -243,7 +256,7 @@ class Episode:
         try:
             q_cmd, g_new, ee_cmd = self._parse(action)
             base_new = self._base_after(action)
-        except Exception as e:  # noqa: BLE001 - every refusal is reported like a worker error
+        except Exception as e:
             raise StepError(e) from e
         q_prev, g_prev, base_prev = self.q, self.g, self.base
         self.q_cmd, self.g, self.base, self.ee_cmd = q_cmd, g_new, base_new, ee_cmd
@@ -252,9 +265,17 @@ class Episode:
         self.record_joints.append(np.concatenate(list(self.q)).astype(np.float32))
         self.record_gripper.append(np.concatenate(list(self.g)).astype(np.float32))
         self.record_base.append(self.base.astype(np.float32))
-        arm_action = np.concatenate([np.concatenate([q_cmd[i], g_new[i]]) for i in range(self.robot.n_arms)])
-        bm = action.get("base_motion", [0.0, 0.0, 0.0]) if isinstance(action, Mapping) else [0.0, 0.0, 0.0]
-        self.record_outputs.append({"arm_action": arm_action, "base_motion": [float(v) for v in list(bm)[:3]]})
+        arm_action = np.concatenate(
+            [np.concatenate([q_cmd[i], g_new[i]]) for i in range(self.robot.n_arms)]
+        )
+        bm = (
+            action.get("base_motion", [0.0, 0.0, 0.0])
+            if isinstance(action, Mapping)
+            else [0.0, 0.0, 0.0]
+        )
+        self.record_outputs.append(
+            {"arm_action": arm_action, "base_motion": [float(v) for v in list(bm)[:3]]}
+        )
         reason = self._invalid(q_prev, g_prev, base_prev)
         if reason is not None:
             self.termination_reason = reason
@@ -264,7 +285,9 @@ class Episode:
         if self.success or self.timestep >= self.num_steps:
             self.done = True
 
-    def _parse(self, action: Any) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+    def _parse(
+        self, action: Any
+    ) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
         if not isinstance(action, Mapping):
             raise TypeError(f"action must be a dict, got {type(action).__name__}")
         r = self.robot
@@ -281,7 +304,7 @@ class Episode:
                     f"shape mismatch: value array of shape {arr.shape} could not be broadcast "
                     f"to indexing result of shape ({r.action_dim},)"
                 )
-            for i, (a, gs) in enumerate(zip(r.arm_slices, r.gripper_slices)):
+            for i, (a, gs) in enumerate(zip(r.arm_slices, r.gripper_slices, strict=True)):
                 q_cmd[i] = q_cmd[i] + arr[a] if is_rel else arr[a]
                 g[i] = arr[gs]
                 ee_cmd[i] = fk(q_cmd[i])
@@ -338,7 +361,7 @@ class Episode:
             dx = float(np.clip(m[0], -_BASE_STEP, _BASE_STEP))
             dy = float(np.clip(m[1], -_BASE_STEP, _BASE_STEP))
             dyaw = float(np.clip(math.radians(m[2]), -_BASE_YAW_STEP, _BASE_YAW_STEP))
-            return self.base + np.array([dx, dy, dyaw])
+            return np.asarray(self.base + np.array([dx, dy, dyaw]))
         return np.array([m[0], m[1], math.radians(m[2])])
 
     def _invalid(self, q_prev: np.ndarray, g_prev: np.ndarray, base_prev: np.ndarray) -> str | None:

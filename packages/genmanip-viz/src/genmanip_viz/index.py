@@ -275,7 +275,7 @@ class ResultsIndex:
         """The exception of the last failed scan (None after a good one)."""
         return self._error
 
-    def snapshot(self, *, wait: float = 0.2, first_wait: float = 5.0) -> Snapshot | None:
+    def snapshot(self, *, wait: float = 0.0, first_wait: float = 5.0) -> Snapshot | None:
         """The newest snapshot, refreshing it in the background when older than ``min_interval``."""
         deadline = time.monotonic() + (first_wait if self._snap is None else wait)
         with self._cond:

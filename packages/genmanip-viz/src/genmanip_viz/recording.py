@@ -380,7 +380,45 @@ def _recording_id(episode_id: str) -> uuid.UUID:
     return uuid.UUID(bytes=hashlib.sha256(episode_id.encode("utf-8")).digest()[:16], version=4)
 
 
+def _browser_playable(mp4: Path, layout: str, tmpdir: Path) -> Path:
+    """``mp4`` itself when browsers can decode it, else an H.264 copy in ``tmpdir``.
+
+    This project's recordings are H.264 already (no probe). The real server falls back to ``mp4v``
+    (MPEG-4 Part 2), which no browser decodes: those are transcoded for the recording only.
+    """
+    if layout == "client":
+        return mp4
+    from genmanip_protocol.video import ffmpeg_executable, video_info
+
+    try:
+        codec = video_info(mp4).codec
+    except Exception as exc:
+        raise RecordingBuildError(f"{mp4}: cannot read video ({exc})") from exc
+    if codec in ("h264", "hevc", "av1", "vp9"):
+        return mp4
+    import subprocess
+
+    target = tmpdir / f"{mp4.stem}.h264.mp4"
+    args = [
+        ffmpeg_executable(), "-nostdin", "-loglevel", "error", "-y", "-i", str(mp4),
+        "-map", "0:v:0", "-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv420p",
+        "-vf", "pad=ceil(iw/2)*2:ceil(ih/2)*2", "-movflags", "+faststart", str(target),
+    ]  # fmt: skip
+    res = subprocess.run(args, capture_output=True, check=False, timeout=600)
+    if res.returncode != 0:
+        tail = res.stderr.decode("utf-8", "replace")[-400:]
+        raise RecordingBuildError(f"{mp4}: cannot transcode {codec} video to H.264 ({tail})")
+    return target
+
+
 def _write(data: EpisodeData, out: Path) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="gmp-viz-") as tmp:
+        _write_in(data, out, Path(tmp))
+
+
+def _write_in(data: EpisodeData, out: Path, tmpdir: Path) -> None:
     rr = _rerun()
     rec = rr.RecordingStream("genmanip", recording_id=_recording_id(data.episode_id), send_properties=True)
     rec.save(out, default_blueprint=_blueprint(data))
@@ -395,11 +433,13 @@ def _write(data: EpisodeData, out: Path) -> None:
         for cam, mp4 in data.videos.items():
             entity = f"cameras/{cam}"
             try:
-                asset = rr.AssetVideo(path=mp4)
+                asset = rr.AssetVideo(path=_browser_playable(mp4, data.layout, tmpdir))
+                ts = np.asarray(asset.read_frame_timestamps_nanos(), dtype=np.int64)
+            except RecordingBuildError:
+                raise
             except Exception as exc:
                 raise RecordingBuildError(f"{mp4}: cannot read video ({exc})") from exc
             rec.log(entity, asset, static=True)
-            ts = np.asarray(asset.read_frame_timestamps_nanos(), dtype=np.int64)
             if ts.size == 0:
                 continue
             if cam in data.frames:

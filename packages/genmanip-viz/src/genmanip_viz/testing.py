@@ -12,7 +12,7 @@ import json
 import os
 import pickle
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -41,11 +41,14 @@ def synthetic_frame(i: int, width: int, height: int, seed: int = 0) -> np.ndarra
     return img
 
 
-def _write_videos(ep: Path, cameras: Sequence[str], n_frames: int, size: tuple[int, int], seed: int) -> None:
+def _write_videos(
+    ep: Path, cameras: Sequence[str] | Mapping[str, tuple[int, int]], n_frames: int, size: tuple[int, int], seed: int
+) -> None:
+    """One mp4 per camera; ``cameras`` may map a camera to its own ``(width, height)``."""
     from genmanip_protocol.video import VideoWriter
 
-    w, h = size
     for ci, cam in enumerate(cameras):
+        w, h = cameras[cam] if isinstance(cameras, Mapping) else size
         with VideoWriter(ep / f"{cam}.mp4", w, h, fps=30) as vw:
             for i in range(n_frames):
                 vw.write(synthetic_frame(i, w, h, seed + ci))
@@ -58,7 +61,7 @@ def write_client_episode(
     *,
     score: float,
     steps: int = 20,
-    cameras: Sequence[str] = ("left_camera", "top_camera"),
+    cameras: Sequence[str] | Mapping[str, tuple[int, int]] = ("left_camera", "top_camera"),
     size: tuple[int, int] = (64, 48),
     chunk: int = 1,
     instruction: str = "pick up the cube",

@@ -22,25 +22,27 @@ MAX_JPEG_PIXELS = 64 * 1024 * 1024
 
 _INSTALL_HINT = "install JPEG support: pip install 'genmanip-protocol[jpeg]' (or Pillow)"
 
-_backend: str | None = None
+#: Detected once: {"name": "simplejpeg" | "pillow" | ""} ("" = neither is installed).
+_BACKEND: dict[str, str] = {}
 
 
 def jpeg_backend() -> str | None:
     """Name of the JPEG library in use (``"simplejpeg"`` or ``"pillow"``), or None if neither."""
-    global _backend
-    if _backend is None:
+    name = _BACKEND.get("name")
+    if name is None:
         try:
             import simplejpeg  # noqa: F401
 
-            _backend = "simplejpeg"
+            name = "simplejpeg"
         except ImportError:
             try:
                 import PIL.Image  # noqa: F401
 
-                _backend = "pillow"
+                name = "pillow"
             except ImportError:
-                _backend = ""
-    return _backend or None
+                name = ""
+        _BACKEND["name"] = name
+    return name or None
 
 
 def _check_rgb(rgb: Any, quality: int) -> np.ndarray:
@@ -64,7 +66,9 @@ def encode_jpeg(rgb: np.ndarray, quality: int = 85) -> bytes:
     if backend == "simplejpeg":
         import simplejpeg
 
-        return bytes(simplejpeg.encode_jpeg(arr, quality=quality, colorspace="RGB", colorsubsampling="420"))
+        return bytes(
+            simplejpeg.encode_jpeg(arr, quality=quality, colorspace="RGB", colorsubsampling="420")
+        )
     if backend == "pillow":
         import io
 
@@ -73,7 +77,9 @@ def encode_jpeg(rgb: np.ndarray, quality: int = 85) -> bytes:
         buf = io.BytesIO()
         PIL.Image.fromarray(arr, "RGB").save(buf, format="JPEG", quality=quality, subsampling=2)
         return buf.getvalue()
-    raise EncodeError("cannot encode JPEG: neither simplejpeg nor Pillow is installed", hint=_INSTALL_HINT)
+    raise EncodeError(
+        "cannot encode JPEG: neither simplejpeg nor Pillow is installed", hint=_INSTALL_HINT
+    )
 
 
 def _as_bytes(data: Any) -> bytes | memoryview:
@@ -108,7 +114,11 @@ def jpeg_size(data: bytes | bytearray | memoryview) -> tuple[int, int]:
         raise
     except Exception as exc:  # the libraries raise ValueError, OSError, SyntaxError, ...
         raise DecodeError(f"invalid JPEG data: {exc}", codec="jpeg") from None
-    raise DecodeError("cannot decode JPEG: neither simplejpeg nor Pillow is installed", codec="jpeg", hint=_INSTALL_HINT)
+    raise DecodeError(
+        "cannot decode JPEG: neither simplejpeg nor Pillow is installed",
+        codec="jpeg",
+        hint=_INSTALL_HINT,
+    )
 
 
 def decode_jpeg(data: bytes | bytearray | memoryview) -> np.ndarray:
@@ -120,7 +130,9 @@ def decode_jpeg(data: bytes | bytearray | memoryview) -> np.ndarray:
     buf = _as_bytes(data)
     h, w = jpeg_size(buf)
     if h * w > MAX_JPEG_PIXELS:
-        raise DecodeError(f"JPEG frame of {w}x{h} pixels exceeds the limit of {MAX_JPEG_PIXELS}", codec="jpeg")
+        raise DecodeError(
+            f"JPEG frame of {w}x{h} pixels exceeds the limit of {MAX_JPEG_PIXELS}", codec="jpeg"
+        )
     decoder: Callable[[bytes | memoryview], np.ndarray]
     decoder = _decode_simplejpeg if jpeg_backend() == "simplejpeg" else _decode_pillow
     try:
@@ -139,7 +151,8 @@ def _decode_simplejpeg(buf: bytes | memoryview) -> np.ndarray:
 
     # fastdct/fastupsample would be ~20% faster but change pixels; keep libjpeg's accurate path so
     # both backends agree closely.
-    return simplejpeg.decode_jpeg(buf, colorspace="RGB")
+    out: np.ndarray = simplejpeg.decode_jpeg(buf, colorspace="RGB")
+    return out
 
 
 def _decode_pillow(buf: bytes | memoryview) -> np.ndarray:

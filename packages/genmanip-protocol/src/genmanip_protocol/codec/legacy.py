@@ -1,18 +1,26 @@
 """The legacy wire of the real GenManip server: pickle bodies, read only through an allow-list.
 
-:func:`safe_loads` is the one way this project reads a pickle. Its unpickler resolves only the
-globals plain containers, scalars and numpy arrays need; anything else (``os.system``,
-``subprocess.Popen``, ``builtins.eval``, ``copyreg._reconstructor``, ...) raises
-:class:`UnsafePayloadError` before it is called, so nothing executes. numpy's reconstruction
-functions are wrapped: object, void and structured dtypes are refused (an object array's
-``__setstate__`` would otherwise accept arbitrary objects) and a ``numpy.ndarray`` global can only be
-used as ``_reconstruct``'s class argument, never called to allocate memory.
+:func:`safe_loads` is the one way this project reads a pickle:
+
+* ``find_class`` resolves only the globals plain containers, scalars and numpy arrays need (see
+  ``ALLOWED_GLOBALS``); anything else (``os.system``, ``subprocess.Popen``, ``builtins.eval``,
+  ``copyreg._reconstructor``, ...) raises :class:`UnsafePayloadError` before it is called, so nothing
+  executes. Allowed globals are handed out as immutable callables (never classes or functions), so
+  a payload cannot ``setattr`` into them, and ``numpy.ndarray`` cannot be called to allocate memory.
+* numpy never sees pickle state: ``numpy.dtype`` and ``_reconstruct`` return proxies whose
+  ``__setstate__`` validates every field (object/void/structured dtypes, foreign flags, sizes) and
+  then build the array with ``np.frombuffer`` over the pickled bytes (read-only, length-checked).
+* The pure-Python unpickler is used, since the C one sizes its memo by the largest index a payload
+  names (5 bytes can make it zero 32 GiB); BYTEARRAY8 reads before it allocates.
+* After loading, proxies are replaced by real values and nesting is limited to 64 levels; every
+  failure is a :class:`DecodeError`.
 """
 
 from __future__ import annotations
 
 import io
 import pickle
+import struct
 from typing import Any
 
 import numpy as np
@@ -23,90 +31,230 @@ from .tagged import tag_tree, untag_tree
 
 __all__ = ["LegacyCodec", "safe_loads"]
 
-# numpy >= 2 keeps the reconstruction helpers in numpy._core; numpy 1.x pickles name numpy.core.
-# Import the real functions once, from whichever exists, without touching the deprecated alias.
-try:
-    from numpy._core import multiarray as _np_multiarray
-    from numpy._core import numeric as _np_numeric
-except ImportError:  # numpy < 2
-    from numpy.core import multiarray as _np_multiarray  # type: ignore[no-redef]
-    from numpy.core import numeric as _np_numeric  # type: ignore[no-redef]
-
-_np_reconstruct = _np_multiarray._reconstruct
-_np_scalar = _np_multiarray.scalar
-_np_frombuffer = getattr(_np_numeric, "_frombuffer", None)
-
-_MAX_RECONSTRUCT_ELEMENTS = 1  # numpy always pickles the placeholder array as shape (0,)
-
-
-class _NdarrayToken:
-    """What ``numpy.ndarray`` resolves to: only ``_reconstruct`` accepts it; calling it refuses."""
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        raise UnsafePayloadError("numpy.ndarray (called directly)")
+_ARRAY_KINDS = frozenset("biufcSU")
+_MAX_NDIM = 32
+_MAX_FLEXIBLE_SIZE = 1 << 24
 
 
 def _bad(msg: str) -> DecodeError:
     return DecodeError(f"invalid pickle: {msg}", codec="legacy")
 
 
-def _check_dtype(dt: Any, where: str) -> np.dtype[Any]:
-    if not isinstance(dt, np.dtype):
-        raise _bad(f"{where}: expected a numpy dtype, got {type(dt).__name__}")
-    if dt.hasobject or dt.kind in "OV" or dt.fields is not None:
-        raise UnsafePayloadError(f"{where} with dtype {dt} (object/void/structured dtypes are refused)")
-    return dt
+# numpy's own ``dtype.__setstate__``/``ndarray.__setstate__`` trust their state: a crafted state can
+# set a float dtype's flags to "holds object references" (numpy then treats raw bytes as
+# PyObject pointers) or give it a huge itemsize. So numpy never sees pickle state here: the
+# allow-listed globals return proxies whose ``__setstate__`` validates every field, and the real
+# dtype/array is built from the validated parts (``np.frombuffer`` over the pickled bytes).
 
 
-def _safe_reconstruct(subtype: Any, shape: Any, dtype_code: Any) -> np.ndarray:
-    if subtype is not _NdarrayToken:
-        raise UnsafePayloadError(f"numpy _reconstruct of {getattr(subtype, '__name__', subtype)!r}")
-    if not isinstance(shape, tuple) or not all(type(d) is int and 0 <= d for d in shape):
-        raise _bad(f"numpy _reconstruct shape {shape!r}")
-    if int(np.prod(shape, dtype=np.float64)) > _MAX_RECONSTRUCT_ELEMENTS:
-        raise _bad(f"numpy _reconstruct placeholder shape {shape!r} is too large")
-    if not isinstance(dtype_code, (bytes, str)) or len(dtype_code) > 4:
-        raise _bad(f"numpy _reconstruct dtype code {dtype_code!r}")
-    # The dtype and data come from the BUILD that follows; the placeholder is a 0-element byte array.
-    return _np_reconstruct(np.ndarray, (0,), b"b")
+class _DtypeProxy:
+    """What ``numpy.dtype(spec, align, copy)`` returns inside :func:`safe_loads`."""
+
+    __slots__ = ("dtype",)
+
+    def __init__(self, spec: Any, align: Any = False, copy: Any = False) -> None:
+        if not isinstance(spec, str) or len(spec) > 16:
+            raise _bad(f"numpy dtype spec {spec!r}"[:120])
+        try:
+            dt = np.dtype(spec)
+        except Exception:
+            raise _bad(f"numpy dtype spec {spec!r}") from None
+        if dt.kind in "OV" or dt.fields is not None or dt.subdtype is not None:
+            raise UnsafePayloadError(
+                f"numpy dtype {spec!r} (object/void/structured dtypes are refused)"
+            )
+        if dt.kind not in _ARRAY_KINDS:
+            raise _bad(f"numpy dtype {spec!r} is not a bool/number/string dtype")
+        self.dtype: np.dtype[Any] = dt
+
+    def __setstate__(self, state: Any) -> None:
+        if not isinstance(state, tuple) or len(state) not in (8, 9):
+            raise _bad("numpy dtype state")
+        version, order, subarray, names, fields, elsize, alignment, flags = state[:8]
+        if len(state) == 9 and state[8] is not None:
+            raise _bad("numpy dtype metadata")
+        if version not in (3, 4) or order not in ("<", ">", "|", "="):
+            raise _bad(f"numpy dtype state version/byte order {version!r}/{order!r}")
+        if subarray is not None or names is not None or fields is not None:
+            raise UnsafePayloadError(
+                "numpy dtype with fields or subarrays (structured dtypes are refused)"
+            )
+        if type(elsize) is not int or type(alignment) is not int or type(flags) is not int:
+            raise _bad("numpy dtype state sizes")
+        base = self.dtype
+        if base.kind in "SU":
+            unit = 1 if base.kind == "S" else 4
+            if not 0 < elsize <= _MAX_FLEXIBLE_SIZE or elsize % unit:
+                raise _bad(f"numpy {base.kind} dtype of {elsize} bytes")
+            dt = np.dtype(f"{'>' if order == '>' else '<'}{base.kind}{elsize // unit}")
+        else:
+            if elsize not in (-1, base.itemsize):
+                raise _bad(f"numpy dtype {base} with itemsize {elsize}")
+            dt = base.newbyteorder(order) if order in "<>" and base.itemsize > 1 else base
+        if flags != dt.flags:
+            raise UnsafePayloadError(f"numpy dtype {dt} with flags {flags} (expected {dt.flags})")
+        self.dtype = dt
 
 
-def _safe_dtype(obj: Any, align: Any = False, copy: Any = False) -> np.dtype[Any]:
-    if not isinstance(obj, str) or len(obj) > 16:
-        raise _bad(f"numpy dtype spec {obj!r}")
-    try:
-        dt = np.dtype(obj, align=bool(align), copy=bool(copy))
-    except Exception:
-        raise _bad(f"numpy dtype spec {obj!r}") from None
-    if dt.kind in "OV":
-        raise UnsafePayloadError(f"numpy dtype {obj!r} (object/void/structured dtypes are refused)")
-    return dt
+def _dtype_of(obj: Any, where: str) -> np.dtype[Any]:
+    if type(obj) is not _DtypeProxy:
+        raise _bad(f"{where}: expected a numpy dtype, got {type(obj).__name__}")
+    return obj.dtype
 
 
-def _safe_scalar(dtype: Any, data: Any = None) -> Any:
-    dt = _check_dtype(dtype, "numpy scalar")
-    if not isinstance(data, bytes) or len(data) != dt.itemsize:
-        raise _bad(f"numpy scalar of {dt}: expected {dt.itemsize} bytes")
-    return _np_scalar(dt, data)
+def _raw_bytes(raw: Any, where: str) -> bytes:
+    if isinstance(raw, bytes):  # _PendingByteArray included: no copy
+        return raw
+    if isinstance(raw, bytearray):
+        return bytes(raw)
+    if isinstance(raw, pickle.PickleBuffer):
+        return bytes(raw.raw())
+    if isinstance(raw, str):  # Python 2 pickles carry array data as a latin-1 str
+        try:
+            return raw.encode("latin-1")
+        except UnicodeEncodeError:
+            raise _bad(f"{where}: data is not latin-1") from None
+    raise _bad(f"{where}: data of type {type(raw).__name__}")
 
 
-def _safe_frombuffer(buf: Any, dtype: Any, shape: Any, order: Any) -> np.ndarray:
-    dt = _check_dtype(dtype, "numpy array")
-    if isinstance(buf, pickle.PickleBuffer):
-        buf = buf.raw()
-    if not isinstance(buf, (bytes, bytearray, memoryview)):
-        raise _bad(f"numpy array buffer of type {type(buf).__name__}")
-    if not isinstance(shape, tuple) or not all(type(d) is int and d >= 0 for d in shape) or order not in ("C", "F"):
-        raise _bad(f"numpy array shape {shape!r} / order {order!r}")
-    n = len(memoryview(buf).cast("B")) if not isinstance(buf, (bytes, bytearray)) else len(buf)
+def _check_shape(shape: Any, where: str) -> int:
+    if not isinstance(shape, tuple) or len(shape) > _MAX_NDIM:
+        raise _bad(f"{where}: shape {shape!r}"[:120])
     count = 1
     for d in shape:
+        if type(d) is not int or d < 0:
+            raise _bad(f"{where}: shape {shape!r}"[:120])
         count *= d
-    if count * dt.itemsize != n:
-        raise _bad(f"numpy array of shape {shape} and {dt} needs {count * dt.itemsize} bytes, buffer has {n}")
-    if _np_frombuffer is None:  # pragma: no cover - numpy always has it since 1.16
-        raise UnsafePayloadError("numpy _frombuffer")
-    return _np_frombuffer(buf, dt, shape, order)
+    return count
+
+
+def _build_array(raw: Any, dt: np.dtype[Any], shape: Any, fortran: bool, where: str) -> np.ndarray:
+    count = _check_shape(shape, where)
+    data = _raw_bytes(raw, where)
+    if count * dt.itemsize != len(data):
+        raise _bad(
+            f"{where}: shape {shape} of {dt} needs {count * dt.itemsize} bytes, got {len(data)}"
+        )
+    flat: np.ndarray = (
+        np.frombuffer(data, dtype=dt, count=count) if count else np.empty(0, dtype=dt)
+    )
+    arr: np.ndarray = flat.reshape(shape, order="F" if fortran else "C")
+    arr.flags.writeable = False
+    return arr
+
+
+class _ArrayProxy:
+    """What ``numpy._core.multiarray._reconstruct`` returns; the array is built by ``__setstate__``."""
+
+    __slots__ = ("array",)
+
+    def __init__(self) -> None:
+        self.array: np.ndarray | None = None
+
+    def __setstate__(self, state: Any) -> None:
+        if not isinstance(state, tuple) or len(state) not in (4, 5):
+            raise _bad("numpy array state")
+        if len(state) == 5:
+            if type(state[0]) is not int:
+                raise _bad("numpy array state version")
+            state = state[1:]
+        shape, dtype, fortran, raw = state
+        if fortran not in (True, False, 0, 1):
+            raise _bad("numpy array state order flag")
+        self.array = _build_array(
+            raw, _dtype_of(dtype, "numpy array"), shape, bool(fortran), "numpy array"
+        )
+
+
+class _Global:
+    """An allow-listed global as a pickle sees it: callable, but neither a class nor a function,
+    and immutable, so a payload cannot ``setattr`` (BUILD slot state) into our validators."""
+
+    __slots__ = ("_fn", "_name")
+    _fn: Any
+    _name: str
+
+    def __init__(self, name: str, fn: Any) -> None:
+        object.__setattr__(self, "_fn", fn)
+        object.__setattr__(self, "_name", name)
+
+    def __call__(self, *args: Any) -> Any:
+        return self._fn(*args)
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        raise _bad(f"attribute assignment on {self._name}")
+
+    def __setstate__(self, state: Any) -> None:
+        raise _bad(f"BUILD on {self._name}")
+
+    def __repr__(self) -> str:
+        return f"<allow-listed {self._name}>"
+
+
+def _refuse_ndarray(*args: Any) -> Any:
+    raise UnsafePayloadError("numpy.ndarray (called directly)")
+
+
+_NDARRAY = _Global("numpy.ndarray", _refuse_ndarray)
+
+
+class _PendingByteArray(bytes):
+    """Bytes read by BYTEARRAY8, not yet copied into a bytearray (see ``load_bytearray8``)."""
+
+    __slots__ = ()
+
+    def __setstate__(self, state: Any) -> None:
+        raise _bad("BUILD on a bytearray")
+
+
+class _ValueProxy:
+    """Holds a value built by an allow-listed call (a numpy scalar) until the load finishes, so
+    a BUILD opcode can never reach the real object's ``__setstate__``."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __setstate__(self, state: Any) -> None:
+        raise _bad("BUILD on a numpy scalar")
+
+
+def _safe_reconstruct(*args: Any) -> _ArrayProxy:
+    # numpy pickles _reconstruct(ndarray, (0,), b"b"); the real dtype/shape/data come from BUILD.
+    if not args or args[0] is not _NDARRAY:
+        what = repr(args[0])[:60] if args else "nothing"
+        raise UnsafePayloadError(f"numpy _reconstruct of {what}")
+    return _ArrayProxy()
+
+
+def _safe_scalar(*args: Any) -> _ValueProxy:
+    if len(args) != 2:
+        raise _bad("numpy scalar arguments")
+    dt = _dtype_of(args[0], "numpy scalar")
+    raw = _raw_bytes(args[1], "numpy scalar")
+    if len(raw) != dt.itemsize:
+        raise _bad(f"numpy scalar of {dt}: expected {dt.itemsize} bytes, got {len(raw)}")
+    return _ValueProxy(np.frombuffer(raw, dtype=dt, count=1)[0])
+
+
+def _safe_frombuffer(*args: Any) -> _ArrayProxy:
+    if len(args) != 4:
+        raise _bad("numpy _frombuffer arguments")
+    buf, dtype, shape, order = args
+    if order not in ("C", "F"):
+        raise _bad(f"numpy array order {order!r}"[:60])
+    proxy = _ArrayProxy()
+    proxy.array = _build_array(
+        buf, _dtype_of(dtype, "numpy array"), shape, order == "F", "numpy array"
+    )
+    return proxy
+
+
+def _make_dtype(*args: Any) -> _DtypeProxy:
+    if not 1 <= len(args) <= 3:
+        raise _bad("numpy dtype arguments")
+    return _DtypeProxy(*args)
 
 
 def _latin1(args: tuple[Any, ...], name: str) -> bytes:
@@ -151,13 +299,15 @@ def _safe_frozenset(*args: Any) -> frozenset[Any]:
     return frozenset(*args) if args else frozenset()
 
 
-def _ordered_dict() -> Any:
+def _ordered_dict(*args: Any) -> Any:
     import collections
 
-    return collections.OrderedDict
+    if args:  # OrderedDict pickles as OrderedDict() + SETITEMS
+        raise _bad("OrderedDict arguments")
+    return collections.OrderedDict()
 
 
-_ALLOWED: dict[tuple[str, str], Any] = {
+_ALLOWED_FUNCS: dict[tuple[str, str], Any] = {
     ("builtins", "set"): _safe_set,
     ("builtins", "frozenset"): _safe_frozenset,
     ("builtins", "complex"): _safe_complex,
@@ -169,9 +319,8 @@ _ALLOWED: dict[tuple[str, str], Any] = {
     ("__builtin__", "bytes"): _safe_bytes,
     ("__builtin__", "bytearray"): _safe_bytearray,
     ("_codecs", "encode"): _safe_codecs_encode,
-    ("collections", "OrderedDict"): _ordered_dict(),
-    ("numpy", "ndarray"): _NdarrayToken,
-    ("numpy", "dtype"): _safe_dtype,
+    ("collections", "OrderedDict"): _ordered_dict,
+    ("numpy", "dtype"): _make_dtype,
     ("numpy.core.multiarray", "_reconstruct"): _safe_reconstruct,
     ("numpy._core.multiarray", "_reconstruct"): _safe_reconstruct,
     ("numpy.core.multiarray", "scalar"): _safe_scalar,
@@ -179,58 +328,127 @@ _ALLOWED: dict[tuple[str, str], Any] = {
     ("numpy.core.numeric", "_frombuffer"): _safe_frombuffer,
     ("numpy._core.numeric", "_frombuffer"): _safe_frombuffer,
 }
+_ALLOWED: dict[tuple[str, str], _Global] = {
+    key: _Global(f"{key[0]}.{key[1]}", fn) for key, fn in _ALLOWED_FUNCS.items()
+}
+_ALLOWED[("numpy", "ndarray")] = _NDARRAY
 
 #: The globals a pickle may reference (module, name); everything else raises UnsafePayloadError.
 ALLOWED_GLOBALS: frozenset[tuple[str, str]] = frozenset(_ALLOWED)
 
 
-class _SafeUnpickler(pickle.Unpickler):
+# The pure-Python unpickler, on purpose: the C one stores its memo in an array sized by the
+# largest index seen, so a 5-byte LONG_BINPUT 0x7fffffff makes it allocate and zero 32 GiB.
+# Python's uses a dict. Replies are a few hundred opcodes, so the cost is ~0.5 ms per step.
+_PyUnpickler: Any = pickle._Unpickler
+
+
+class _SafeUnpickler(_PyUnpickler):  # type: ignore[misc]
+    dispatch = dict(_PyUnpickler.dispatch)
+
     def find_class(self, module: str, name: str) -> Any:
         try:
             return _ALLOWED[(module, name)]
         except (KeyError, TypeError):
-            raise UnsafePayloadError(f"{module}.{name}") from None
+            raise UnsafePayloadError(f"{module}.{name}"[:200]) from None
 
     def persistent_load(self, pid: Any) -> Any:
         raise UnsafePayloadError(f"persistent id {str(pid)[:40]!r}")
 
+    def load_bytearray8(self) -> None:
+        # The stock version allocates bytearray(<declared length>) before reading: 9 bytes could
+        # ask for 2**62. Read what is there first, then copy.
+        (n,) = struct.unpack("<Q", self.read(8))
+        data = self.read(n)
+        if len(data) != n:
+            raise pickle.UnpicklingError("pickle data was truncated")
+        # Protocol-5 arrays arrive as BYTEARRAY8 + _frombuffer: keep the bytes (no second copy);
+        # a bytearray left as a value in the tree is made a real bytearray by _resolve.
+        self.append(_PendingByteArray(data))
 
-def _check_tree(root: Any) -> None:
-    """Refuse object/void arrays that numpy's ``__setstate__`` may have built, and over-deep trees.
+    dispatch[pickle.BYTEARRAY8[0]] = load_bytearray8
 
-    Iterative with a visited set, so shared references and cycles cost one visit each.
+
+_IN_PROGRESS = object()
+_LEAVES = frozenset({str, int, float, bool, bytes, type(None), complex, bytearray})
+
+
+def _resolve(root: Any) -> Any:
+    """Replace the numpy proxies by real arrays/dtypes and enforce the depth limit.
+
+    Lists and dicts are updated in place (so cycles and shared references survive); tuples, sets
+    and frozensets are rebuilt only if a member changed.
     """
-    seen: set[int] = set()
-    stack: list[tuple[Any, int]] = [(root, 0)]
-    while stack:
-        node, depth = stack.pop()
+    memo: dict[int, tuple[Any, Any]] = {}  # id -> (node, result); holding node pins its id
+
+    def walk(node: Any, depth: int) -> Any:
         t = type(node)
-        if t is np.ndarray or isinstance(node, (np.ndarray, np.generic)):
-            dt = node.dtype
-            if dt.hasobject or dt.kind in "OV" or dt.fields is not None:
-                raise UnsafePayloadError(f"numpy array with dtype {dt} (object/void/structured dtypes are refused)")
-            if isinstance(node, np.ndarray) and dt.itemsize == 0 and node.size:
-                raise _bad(f"numpy array of zero-size dtype {dt} with {node.size} elements")
-            continue
-        if t is dict or t is list or t is tuple or t is set or t is frozenset or isinstance(node, dict):
-            i = id(node)
-            if i in seen:
-                continue
-            seen.add(i)
-            if depth >= MAX_DEPTH:
-                raise _bad(f"containers nested deeper than {MAX_DEPTH} levels")
-            if isinstance(node, dict):
-                for k, v in node.items():
-                    if not (type(k) is str or type(k) is int):
-                        stack.append((k, depth + 1))
-                    tv = type(v)
-                    if not (tv is str or tv is float or tv is int or tv is bool or v is None):
-                        stack.append((v, depth + 1))
+        if t in _LEAVES:
+            return node
+        if t is _ArrayProxy:
+            if node.array is None:
+                raise _bad("numpy array without state")
+            return node.array
+        if t is _DtypeProxy:
+            return node.dtype
+        if t is _ValueProxy:
+            return node.value
+        if t is _PendingByteArray:
+            return bytearray(node)
+        if t is _Global:
+            raise _bad(f"{node._name} left uncalled in the data")
+        if isinstance(node, (np.ndarray, np.generic)):
+            return node  # built by us from validated parts
+        i = id(node)
+        hit = memo.get(i)
+        if hit is not None:
+            if hit[1] is _IN_PROGRESS:
+                raise _bad("recursive tuple or set")
+            return hit[1]
+        if depth >= MAX_DEPTH:
+            raise _bad(f"containers nested deeper than {MAX_DEPTH} levels")
+        if isinstance(node, list):
+            memo[i] = (node, node)
+            for j, v in enumerate(node):
+                if type(v) not in _LEAVES:
+                    nv = walk(v, depth + 1)
+                    if nv is not v:
+                        node[j] = nv
+            return node
+        if isinstance(node, dict):
+            memo[i] = (node, node)
+            rekey = False
+            for k, v in node.items():
+                if type(k) not in _LEAVES:
+                    rekey = rekey or walk(k, depth + 1) is not k
+                if type(v) not in _LEAVES:
+                    nv = walk(v, depth + 1)
+                    if nv is not v:
+                        node[k] = nv
+            if rekey:
+                items = [(walk(k, depth + 1), v) for k, v in node.items()]
+                node.clear()
+                node.update(items)
+            return node
+        if isinstance(node, (tuple, set, frozenset)):
+            memo[i] = (node, _IN_PROGRESS)
+            items = [walk(v, depth + 1) for v in node]
+            changed = (
+                any(a is not b for a, b in zip(items, node, strict=True))
+                if isinstance(node, tuple)
+                else True
+            )
+            if isinstance(node, tuple):
+                out: Any = tuple(items) if changed else node
+            elif any(type(v) not in _LEAVES for v in node):
+                out = type(node)(items)
             else:
-                for v in node:
-                    tv = type(v)
-                    if not (tv is str or tv is float or tv is int or tv is bool or v is None):
-                        stack.append((v, depth + 1))
+                out = node
+            memo[i] = (node, out)
+            return out
+        raise _bad(f"unexpected object of type {t.__name__}")
+
+    return walk(root, 0)
 
 
 def safe_loads(data: bytes | bytearray | memoryview, *, max_size: int = 1 << 32) -> Any:
@@ -259,8 +477,12 @@ def safe_loads(data: bytes | bytearray | memoryview, *, max_size: int = 1 << 32)
         raise _bad("needs more memory than available (corrupt length?)") from None
     except Exception as exc:  # pickle raises UnpicklingError, EOFError, ValueError, KeyError, ...
         raise _bad(f"{type(exc).__name__}: {exc}"[:300]) from None
-    _check_tree(obj)
-    return obj
+    try:
+        return _resolve(obj)
+    except DecodeError:
+        raise
+    except Exception as exc:  # e.g. a BYTEARRAY8 value used as a dict key or set member
+        raise _bad(f"{type(exc).__name__}: {exc}"[:300]) from None
 
 
 class LegacyCodec(Codec):

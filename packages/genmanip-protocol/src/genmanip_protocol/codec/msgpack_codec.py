@@ -113,7 +113,8 @@ class _Encoder:
             items = obj.raw_items() if isinstance(obj, Observation) else obj.items()
             out: dict[Any, Any] = {}
             path = self.path
-            for k, v in items:
+            for key, v in items:
+                k = key
                 if type(k) is not str:
                     if isinstance(k, str):
                         k = str(k)
@@ -122,7 +123,9 @@ class _Encoder:
                         if not _INT_MIN <= k <= _INT_MAX:
                             raise self.fail(f"dict key {k} is outside the 64-bit range")
                     else:
-                        raise self.fail(f"dict key {k!r} of type {type(k).__name__} (keys must be str or int)")
+                        raise self.fail(
+                            f"dict key {k!r} of type {type(k).__name__} (keys must be str or int)"
+                        )
                 path.append(k)
                 out[k] = self.walk(v, depth + 1)
                 path.pop()
@@ -137,7 +140,9 @@ class _Encoder:
             return res
         if t is JpegFrame:
             return msgpack.ExtType(EXT_JPEG, msgpack.packb([list(obj.shape), obj.data]))
-        if isinstance(obj, np.ndarray):  # subclasses (np.matrix, masked arrays) travel as plain arrays
+        if isinstance(
+            obj, np.ndarray
+        ):  # subclasses (np.matrix, masked arrays) travel as plain arrays
             return self.array_ref(np.asarray(obj).view(np.ndarray))
         if isinstance(obj, np.generic):
             return self.scalar(obj)
@@ -231,7 +236,7 @@ class MsgpackCodec(Codec):
         parts.append(first)
         for i, arr in enumerate(enc.buffers):
             if arr.nbytes:
-                parts.append(memoryview(arr.reshape(-1)).cast("B"))
+                parts.append(arr.reshape(-1).view(np.uint8).data)
             pad = tail_pads[i]
             # The last buffer needs no trailing padding.
             if pad and i != n - 1:
@@ -248,18 +253,26 @@ class MsgpackCodec(Codec):
         try:
             mv = memoryview(data)
         except TypeError:
-            raise DecodeError(f"expected bytes, got {type(data).__name__}", codec="msgpack") from None
+            raise DecodeError(
+                f"expected bytes, got {type(data).__name__}", codec="msgpack"
+            ) from None
         if mv.ndim != 1 or mv.itemsize != 1:
             mv = mv.cast("B")
         total = mv.nbytes
         if total > self.max_size:
-            raise DecodeError(f"frame of {total} bytes exceeds the limit of {self.max_size}", codec="msgpack")
+            raise DecodeError(
+                f"frame of {total} bytes exceeds the limit of {self.max_size}", codec="msgpack"
+            )
         if total < _PREFIX_LEN:
-            raise DecodeError(f"truncated frame: {total} bytes, the prefix alone is {_PREFIX_LEN}", codec="msgpack")
+            raise DecodeError(
+                f"truncated frame: {total} bytes, the prefix alone is {_PREFIX_LEN}",
+                codec="msgpack",
+            )
         magic, version, _flags, _res, n, hlen = _PREFIX.unpack_from(mv, 0)
         if magic != MAGIC:
             raise DecodeError(
-                f"not a genmanip msgpack frame (magic {bytes(magic)!r}, expected {MAGIC!r})", codec="msgpack"
+                f"not a genmanip msgpack frame (magic {bytes(magic)!r}, expected {MAGIC!r})",
+                codec="msgpack",
             )
         if version != MSGPACK_PROTOCOL_VERSION:
             raise DecodeError(
@@ -268,12 +281,16 @@ class MsgpackCodec(Codec):
                 hint="upgrade genmanip-protocol on the older side",
             )
         if n > _MAX_BUFFERS or hlen > _MAX_HEADER:
-            raise DecodeError(f"frame declares {n} buffers and a {hlen}-byte header: over the limits", codec="msgpack")
+            raise DecodeError(
+                f"frame declares {n} buffers and a {hlen}-byte header: over the limits",
+                codec="msgpack",
+            )
         header_start = _PREFIX_LEN + 16 * n
         header_end = header_start + hlen
         if header_end > total:
             raise DecodeError(
-                f"truncated frame: header ends at byte {header_end}, frame has {total}", codec="msgpack"
+                f"truncated frame: header ends at byte {header_end}, frame has {total}",
+                codec="msgpack",
             )
         raw_table = struct.unpack_from(f"<{2 * n}Q", mv, _PREFIX_LEN) if n else ()
         buffers: list[tuple[int, int]] = []
@@ -305,9 +322,15 @@ class MsgpackCodec(Codec):
         except DecodeError:
             raise
         except msgpack.StackError:
-            raise DecodeError(f"header nested too deeply (limit {MAX_DEPTH})", codec="msgpack") from None
-        except Exception as exc:  # msgpack raises ExtraData, FormatError, ValueError, TypeError, ...
-            raise DecodeError(f"malformed msgpack header: {type(exc).__name__}: {exc}", codec="msgpack") from None
+            raise DecodeError(
+                f"header nested too deeply (limit {MAX_DEPTH})", codec="msgpack"
+            ) from None
+        except (
+            Exception
+        ) as exc:  # msgpack raises ExtraData, FormatError, ValueError, TypeError, ...
+            raise DecodeError(
+                f"malformed msgpack header: {type(exc).__name__}: {exc}", codec="msgpack"
+            ) from None
         return _finish(tree, 0)
 
 
@@ -326,14 +349,20 @@ def _make_array(mv: memoryview, buffers: list[tuple[int, int]], payload: bytes) 
     except Exception:
         raise DecodeError(f"array reference: unknown dtype {dstr!r}", codec="msgpack") from None
     if dt.kind not in _ARRAY_KINDS or dt.fields is not None or dt.subdtype is not None:
-        raise DecodeError(f"array reference: dtype {dstr!r} is not allowed (object/void/structured)", codec="msgpack")
+        raise DecodeError(
+            f"array reference: dtype {dstr!r} is not allowed (object/void/structured)",
+            codec="msgpack",
+        )
     if not isinstance(shape, list) or len(shape) > _MAX_NDIM:
         raise DecodeError(f"array reference: bad shape {shape!r}", codec="msgpack")
     for d in shape:
         if type(d) is not int or d < 0:
             raise DecodeError(f"array reference: bad shape {shape!r}", codec="msgpack")
     if type(idx) is not int or not 0 <= idx < len(buffers):
-        raise DecodeError(f"array reference: buffer index {idx!r} out of range ({len(buffers)} buffers)", codec="msgpack")
+        raise DecodeError(
+            f"array reference: buffer index {idx!r} out of range ({len(buffers)} buffers)",
+            codec="msgpack",
+        )
     off, ln = buffers[idx]
     count = math.prod(shape)
     if count * dt.itemsize != ln:
@@ -367,7 +396,9 @@ def _finish(node: Any, depth: int) -> Any:
         for k, v in node.items():
             tk = type(k)
             if tk is not str and tk is not int:
-                raise DecodeError(f"map key of type {tk.__name__} (keys must be str or int)", codec="msgpack")
+                raise DecodeError(
+                    f"map key of type {tk.__name__} (keys must be str or int)", codec="msgpack"
+                )
             tv = type(v)
             if tv is dict or tv is list:
                 node[k] = _finish(v, depth + 1)

@@ -28,7 +28,9 @@ class JpegFrame:
     data: bytes
     shape: tuple[int, int, int]
 
-    def __init__(self, data: bytes, shape: tuple[int, int, int] | list[int]) -> None:
+    def __init__(
+        self, data: bytes | bytearray | memoryview, shape: tuple[int, int, int] | list[int]
+    ) -> None:
         if isinstance(data, (bytearray, memoryview)):
             data = bytes(data)
         if not isinstance(data, bytes):
@@ -37,9 +39,13 @@ class JpegFrame:
         if (
             len(shp) != 3
             or shp[2] != 3
-            or not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d > 0 for d in shp)
+            or not all(
+                isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d > 0 for d in shp
+            )
         ):
-            raise ValueError(f"JpegFrame shape: expected (H, W, 3) with positive ints, got {shape!r}")
+            raise ValueError(
+                f"JpegFrame shape: expected (H, W, 3) with positive ints, got {shape!r}"
+            )
         object.__setattr__(self, "data", data)
         object.__setattr__(self, "shape", (int(shp[0]), int(shp[1]), 3))
 
@@ -70,7 +76,8 @@ class JpegFrame:
         arr = decode_jpeg(self.data)
         if arr.shape != self.shape:
             raise DecodeError(
-                f"JPEG frame decodes to shape {arr.shape} but was declared {self.shape}", codec="jpeg"
+                f"JPEG frame decodes to shape {arr.shape} but was declared {self.shape}",
+                codec="jpeg",
             )
         return arr
 
@@ -78,25 +85,26 @@ class JpegFrame:
     def encode(cls, array: np.ndarray, quality: int = 85) -> JpegFrame:
         """JPEG-encode an ``(H, W, 3)`` uint8 RGB array (quality 85 = the GenManip server's)."""
         if not isinstance(array, np.ndarray):
-            raise EncodeError(f"JpegFrame.encode: expected a numpy array, got {type(array).__name__}")
+            raise EncodeError(
+                f"JpegFrame.encode: expected a numpy array, got {type(array).__name__}"
+            )
         data = encode_jpeg(array, quality)
         return cls(data, array.shape)
 
 
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
+_POOL: list[ThreadPoolExecutor] = []
+_POOL_LOCK = threading.Lock()
 
 
 def _decode_pool() -> ThreadPoolExecutor:
-    # One small shared pool: libjpeg-turbo and Pillow release the GIL while decoding, so a few
-    # threads decode several cameras at once; more threads than cores would only add contention.
-    global _pool
-    if _pool is None:
-        with _pool_lock:
-            if _pool is None:
+    # One small shared pool, created on first use: libjpeg-turbo and Pillow release the GIL while
+    # decoding, so a few threads decode several cameras at once; more would only add contention.
+    if not _POOL:
+        with _POOL_LOCK:
+            if not _POOL:
                 workers = max(2, min(4, os.cpu_count() or 2))
-                _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gmp-jpeg")
-    return _pool
+                _POOL.append(ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gmp-jpeg"))
+    return _POOL[0]
 
 
 def is_observation_dict(d: Mapping[Any, Any]) -> bool:
@@ -147,11 +155,12 @@ class Observation(MutableMapping[str, Any]):
     def __getitem__(self, key: str) -> Any:
         value = self._data[key]
         if type(value) is JpegFrame:
-            arr = value.decode()
+            frame: JpegFrame = value
+            arr = frame.decode()
             # Another thread may have decoded (or replaced) it meanwhile; only replace our frame.
-            if self._data.get(key) is value:
+            if self._data.get(key) is frame:
                 self._data[key] = arr
-                self._jpeg[key] = value
+                self._jpeg[key] = frame
             return arr
         return value
 
@@ -199,7 +208,11 @@ class Observation(MutableMapping[str, Any]):
             if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
                 if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)):
                     return False
-                if a.shape != b.shape or a.dtype != b.dtype or not np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"):
+                if (
+                    a.shape != b.shape
+                    or a.dtype != b.dtype
+                    or not np.array_equal(a, b, equal_nan=a.dtype.kind in "fc")
+                ):
                     return False
             elif a != b:
                 return False

@@ -40,7 +40,9 @@ _TORCH_DTYPES: dict[str, str] = {
     "uint8": "uint8", "uint16": "uint16", "uint32": "uint32", "uint64": "uint64", "bool": "bool",
     "complex64": "complex64", "complex128": "complex128", "cfloat": "complex64", "cdouble": "complex128",
 }  # fmt: skip
-_SHAPE_STR = re.compile(r"^\s*(?:torch\.Size\s*\(\s*)?[\[(]?\s*((?:\d+\s*,\s*)*\d*)\s*,?\s*[\])]?\s*\)?\s*$")
+_SHAPE_STR = re.compile(
+    r"^\s*(?:torch\.Size\s*\(\s*)?[\[(]?\s*((?:\d+\s*,\s*)*\d*)\s*,?\s*[\])]?\s*\)?\s*$"
+)
 
 
 def _path_str(path: list[Any]) -> str:
@@ -149,16 +151,30 @@ class _Untagger:
                 raise self.fail("data: base64 text contains non-ASCII characters") from None
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise self.fail(f"data: expected base64 str or bytes, got {type(data).__name__}")
+        if _HAS_STRICT:
+            # strict mode is ~30% faster on clean input (all the server sends); retry leniently
+            # (newlines, missing padding) before calling the data invalid.
+            try:
+                out: bytes = _a2b_base64(data, strict_mode=True)
+                return out
+            except (binascii.Error, ValueError):
+                pass
         try:
-            return binascii.a2b_base64(data, strict_mode=False) if _HAS_STRICT else binascii.a2b_base64(data)
+            return binascii.a2b_base64(data)
         except (binascii.Error, ValueError) as exc:
             raise self.fail(f"data: invalid base64 ({exc})") from None
 
     def make_array(self, raw: bytes, dt: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray:
         count = math.prod(shape)
         if count * dt.itemsize != len(raw):
-            raise self.fail(f"data: {len(raw)} bytes, but shape {list(shape)} of {dt} needs {count * dt.itemsize}")
-        arr = np.frombuffer(raw, dtype=dt, count=count).reshape(shape) if count else np.empty(shape, dtype=dt)
+            raise self.fail(
+                f"data: {len(raw)} bytes, but shape {list(shape)} of {dt} needs {count * dt.itemsize}"
+            )
+        arr = (
+            np.frombuffer(raw, dtype=dt, count=count).reshape(shape)
+            if count
+            else np.empty(shape, dtype=dt)
+        )
         arr.flags.writeable = False
         return arr
 
@@ -226,8 +242,10 @@ class _Untagger:
         return arr
 
 
+# strict_mode exists from Python 3.11; typed as Any so the 3.10 stubs accept the keyword.
+_a2b_base64: Any = binascii.a2b_base64
 try:
-    binascii.a2b_base64(b"", strict_mode=False)
+    _a2b_base64(b"", strict_mode=False)
     _HAS_STRICT = True
 except TypeError:  # Python 3.10
     _HAS_STRICT = False
@@ -277,12 +295,18 @@ class _Tagger:
         if isinstance(obj, np.ndarray):
             return self.array(np.asarray(obj).view(np.ndarray))
         if t is JpegFrame:
-            return {"type": "jpeg_bytes", "dtype": "uint8", "shape": list(obj.shape), "data": obj.data}
+            return {
+                "type": "jpeg_bytes",
+                "dtype": "uint8",
+                "shape": list(obj.shape),
+                "data": obj.data,
+            }
         if isinstance(obj, Mapping):
             items = obj.raw_items() if isinstance(obj, Observation) else obj.items()
             out = {}
             path = self.path
-            for k, v in items:
+            for key, v in items:
+                k = key
                 if not isinstance(k, (str, int, float, bytes)) or isinstance(k, np.generic):
                     if isinstance(k, np.generic):
                         k = k.item()

@@ -166,7 +166,7 @@ def add_connection_flags(
     default_host: str | None = "127.0.0.1",
     default_port: int | None = 8087,
     url: bool = True,
-    token_env: str = "GENMANIP_TOKEN",  # noqa: S107 - an env var name, not a secret
+    token_env: str = "GMP_TOKEN",  # noqa: S107 - an env var name, not a secret
 ) -> None:
     """``--url URL`` or ``--host H --port P``, and ``--token`` (for a GenManip server).
 

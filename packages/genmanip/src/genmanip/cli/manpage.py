@@ -7,6 +7,7 @@ an isolated build environment where no other genmanip package is installed.
 from __future__ import annotations
 
 import argparse
+import os
 
 from .parser import EXIT_CODES, build_parser
 
@@ -37,10 +38,25 @@ def _strip_hidden(parser: argparse.ArgumentParser) -> None:
 
 def render_manpage(version: str | None = None) -> str:
     """The roff source of ``gmp.1`` for genmanip ``version`` (default: the source tree's)."""
+    if version is None:
+        from genmanip.__about__ import __version__
+
+        version = __version__
+    # argparse wraps at the terminal width: pin it so every build ships the same page.
+    saved_columns = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "80"
+    try:
+        return _render(version)
+    finally:
+        if saved_columns is None:
+            os.environ.pop("COLUMNS", None)
+        else:
+            os.environ["COLUMNS"] = saved_columns
+
+
+def _render(version: str) -> str:
     from argparse_manpage.manpage import Manpage
 
-    if version is None:
-        from genmanip.__about__ import __version__ as version
     parser = build_parser()
     _strip_hidden(parser)
     parser.epilog = None  # the exit codes get their own EXIT STATUS section below

@@ -15,7 +15,7 @@ _DIST = "genmanip-eval"
 def add_eval_flags(parser: argparse.ArgumentParser, *, connection: bool = True) -> None:
     """The flags of ``gmp eval``; ``gmp online run`` reuses them with ``connection=False``."""
     if connection:
-        add_connection_flags(parser)
+        add_connection_flags(parser, token_env="GMP_TOKEN")
     run = parser.add_argument_group("run")
     add_flag(run, "--run-id", aliases=["--run_id"], metavar="ID", default=None,
              help="run id on the server (default: the server's current job)")
@@ -50,6 +50,9 @@ def add_eval_flags(parser: argparse.ArgumentParser, *, connection: bool = True) 
     wire = parser.add_argument_group("wire")
     add_flag(wire, "--codec", choices=["auto", "msgpack", "legacy"], default="auto",
              help="wire codec; auto uses msgpack when the server offers it (default: %(default)s)")
+    add_flag(wire, "--frames", choices=["auto", "raw", "jpeg"], default="auto",
+             help="camera frames on the msgpack wire; auto = JPEG when recording or remote, "
+                  "raw otherwise (default: %(default)s)")
     add_flag(wire, "--render-mode", aliases=["--render_mode"], choices=["lite", "always"],
              default=None, help="server render mode per step (default: the server's)")
     add_flag(wire, "--subframes", metavar="N", type=int, default=None,
@@ -88,7 +91,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("configs", nargs="+", metavar="CONFIG", help="benchmark config path(s)")
     add_flag(p, "--run-id", aliases=["--run_id"], metavar="ID", default=None,
              help="run id (default: a new timestamped id; an existing id resumes that run)")
-    add_connection_flags(p)
+    add_connection_flags(p, token_env="GMP_TOKEN")
 
     p = add_command(
         subparsers, "status", handler="genmanip_eval.cli:status", dist=_DIST,
@@ -101,14 +104,20 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     add_flag(p, "--interval", metavar="SECONDS", type=float, default=2.0,
              help="refresh interval with --watch (default: %(default)s)")
     add_flag(p, "--run-id", aliases=["--run_id"], metavar="ID", default=None,
-             help="only this run")
-    add_connection_flags(p)
+             help="warn when the server's current run is not this one")
+    add_connection_flags(p, token_env="GMP_TOKEN")
 
     p = add_command(
         subparsers, "demo", handler="genmanip.demo:run_demo", dist="genmanip",
         help="start a local testbed server, evaluate a policy on it and show the results",
     )
-    add_flag(p, "--workers", metavar="N", type=int, default=2,
-             help="parallel workers (default: %(default)s)")
-    add_flag(p, "--results-dir", aliases=["--results_dir"], metavar="DIR", default=None,
-             help="results root (default: a new temporary directory)")
+    add_flag(p, "--workers", metavar="N", type=int, default=4,
+             help="worker ids to drive (default: %(default)s)")
+    add_flag(p, "--processes", metavar="N", type=int, default=2,
+             help="client processes the workers are spread over (default: %(default)s)")
+    add_flag(p, "--tasks", metavar="CONFIG", default="testbed/reach/easy",
+             help="testbed task set (default: %(default)s)")
+    add_flag(p, "--policy", metavar="SPEC", default="expert",
+             help="policy to run (default: %(default)s)")
+    add_flag(p, "--results-dir", aliases=["--results_dir"], metavar="DIR", default="gmp-demo",
+             help="results root (default: ./%(default)s)")

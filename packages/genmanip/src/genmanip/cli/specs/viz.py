@@ -30,14 +30,17 @@ def _register_viz(subparsers: argparse._SubParsersAction[Any], name: str, *, hid
     add_flag(p, "--root", aliases=["--project-root", "--project_root"], metavar="DIR",
              default=".", help="project root holding results (default: the current directory)")
     add_flag(p, "--port", metavar="PORT", type=int, default=55077,
-             help="port (default: %(default)s)")
+             help="port; the next 19 are tried when it is busy (default: %(default)s)")
     add_flag(p, "--host", metavar="HOST", default="127.0.0.1",
              help="bind address (default: %(default)s)")
     tls = p.add_mutually_exclusive_group()
-    tls.add_argument("--https", dest="https", action="store_true", default=False,
-                     help="serve over HTTPS with a locally trusted certificate")
-    tls.add_argument("--http", dest="https", action="store_false", help="serve plain HTTP")
-    add_flag(p, "--open", action="store_true", default=False, help="open a browser")
+    # Default (None): plain HTTP on loopback (http://localhost is a secure context), HTTPS with a
+    # self-signed certificate and an access token when bound beyond loopback.
+    tls.add_argument("--https", dest="https", action="store_const", const=True, default=None,
+                     help="force HTTPS (self-signed certificate; default only beyond loopback)")
+    tls.add_argument("--http", dest="https", action="store_const", const=False,
+                     help="force plain HTTP (beyond loopback the access token is still required)")
+    add_flag(p, "--open", action="store_true", default=False, help="open the URL in a browser")
 
     actions = add_group(p, dest="viz_action")
     b = add_command(
@@ -46,4 +49,4 @@ def _register_viz(subparsers: argparse._SubParsersAction[Any], name: str, *, hid
     )
     b.add_argument("run_dir", metavar="RUN_DIR", help="run directory")
     add_flag(b, "--jobs", "-j", metavar="N", type=int, default=None,
-             help="parallel processes (default: CPU count)")
+             help="parallel build processes (default: 2, at most the CPU count)")

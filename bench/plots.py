@@ -1,0 +1,146 @@
+"""Benchmark: gmp plot on a 1000-step, 4-camera lift2 episode (client layout, synthesized).
+
+Measures, side by side in one process:
+
+* static plots (``state_plot.png`` + ``action_plot.png``), target < 2 s;
+* the overlay video ``merged_with_plot.mp4`` as gmp draws it (the panel rendered once, a numpy
+  cursor per frame) against a baseline that builds a new matplotlib figure per frame (the reference
+  client's approach). The baseline runs on a subset of frames and is extrapolated linearly to the
+  whole episode (said in the table). Both include decoding the four camera videos, composing the
+  frame and H.264 encoding, so the ratio isolates the drawing strategy. Target: >= 5x.
+
+Usage: python bench/plots.py [--steps 1000] [--baseline-frames 40] [--workdir DIR]
+Prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def synthesize(root: Path, steps: int) -> Path:
+    from genmanip_artifacts._synthetic import write_client_episode
+
+    # Full EBench camera sizes: wrist 640x480, top/overlook 1280x720 (facts §7.2).
+    cams = {
+        "left_camera": (640, 480),
+        "right_camera": (640, 480),
+        "top_camera": (1280, 720),
+        "overlook_camera": (1280, 720),
+    }
+    return write_client_episode(root, n_steps=steps, chunk=1, cameras=cams)
+
+
+def time_static(ep: Path, repeats: int) -> float:
+    from genmanip_artifacts import plot_episode
+
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        plot_episode(ep, video=False)
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def time_overlay(ep: Path, out: Path) -> tuple[float, int]:
+    from genmanip_artifacts.episode import load_series
+    from genmanip_artifacts.overlay import write_overlay_video
+
+    s = load_series(ep)
+    t = time.perf_counter()
+    n, _ = write_overlay_video(s, out)
+    return time.perf_counter() - t, n
+
+
+def baseline_overlay(ep: Path, out: Path, n_frames: int) -> float:
+    """A new matplotlib figure per frame (plot + axvline cursor), composed with the cameras."""
+    from genmanip_artifacts.episode import load_series
+    from genmanip_artifacts.overlay import frame_timesteps, plan_layout
+    from genmanip_artifacts.panels import action_panels, state_panels
+    from genmanip_protocol.video import VideoWriter, probe_video, read_video_frames
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from PIL import Image
+
+    s = load_series(ep)
+    sizes = [probe_video(p)[1:] for p in s.videos.values()]
+    total = probe_video(next(iter(s.videos.values())))[0]
+    ts, _ = frame_timesteps(s, total)
+    layout = plan_layout(sizes)
+    sp, ap = state_panels(s), action_panels(s)
+    lo, hi = s.t_range
+    ncols = max(len(sp), len(ap))
+    readers = [read_video_frames(p) for p in s.videos.values()]
+    frame = np.zeros((layout.height, layout.width, 3), dtype=np.uint8)
+    t0 = time.perf_counter()
+    with VideoWriter(out, layout.width, layout.height) as vw:
+        for j in range(n_frames):
+            for i, it in enumerate(readers):
+                img = next(it)
+                x, w = layout.cams[i]
+                frame[: layout.cam_height, x : x + w] = np.asarray(
+                    Image.fromarray(img).resize((w, layout.cam_height), Image.BILINEAR)
+                )
+            fig = Figure(figsize=(layout.width / 100, layout.panel_height / 100), dpi=100)
+            FigureCanvasAgg(fig)
+            axes = fig.subplots(2, ncols, squeeze=False)
+            for r, row in enumerate((sp, ap)):
+                for c, panel in enumerate(row):
+                    ax = axes[r][c]
+                    for ln in panel.lines:
+                        ax.plot(ln.x, ln.y, color=ln.color, linestyle=ln.style, linewidth=1.0)
+                    ax.set_xlim(lo, hi)
+                    ax.set_title(panel.title, fontsize=7)
+                    ax.set_ylabel(panel.ylabel, fontsize=7)
+                    ax.legend([lab for lab, _, _ in panel.legend], fontsize=5)
+                    ax.axvline(ts[j], color="crimson", linewidth=2)
+            fig.canvas.draw()
+            frame[layout.cam_height :] = np.asarray(fig.canvas.buffer_rgba())[..., :3]
+            vw.write(frame)
+    for it in readers:
+        it.close()  # type: ignore[attr-defined]
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--baseline-frames", type=int, default=40)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--workdir", type=Path, default=None)
+    args = ap.parse_args()
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="gmp-bench-plots-"))
+    t = time.perf_counter()
+    ep = synthesize(work, args.steps)
+    synth_s = time.perf_counter() - t
+    static_s = time_static(ep, args.repeats)
+    ours_s, n = time_overlay(ep, work / "ours.mp4")
+    k = min(args.baseline_frames, n)
+    base_k = baseline_overlay(ep, work / "baseline.mp4", k)
+    base_s = base_k / k * n
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(
+        f"Episode: lift2, {args.steps} steps, 4 cameras (2x 640x480, 2x 1280x720), {n} frames; "
+        f"synthesized in {synth_s:.1f} s. {os.cpu_count()} CPUs, load average {load:.1f} at the end."
+    )
+    print()
+    print("| what | gmp | baseline | ratio |")
+    print("|---|---:|---:|---:|")
+    print(
+        f"| static plots (state + action PNG), best of {args.repeats} | {static_s:.2f} s | target < 2 s | - |"
+    )
+    print(
+        f"| overlay video, {n} frames | {ours_s:.1f} s ({1000 * ours_s / n:.0f} ms/frame) | "
+        f"{base_s:.1f} s ({1000 * base_k / k:.0f} ms/frame; figure per frame, measured on {k} "
+        f"frames, extrapolated) | {base_s / ours_s:.1f}x |"
+    )
+
+
+if __name__ == "__main__":
+    main()

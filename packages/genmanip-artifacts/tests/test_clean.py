@@ -1,0 +1,334 @@
+"""gmp clean: exact-remainder tests on trees full of traps."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+from genmanip.cli.main import main
+from genmanip_artifacts import execute_clean, plan_clean
+from genmanip_protocol.errors import ExitCode
+
+OLD = 3 * 3600.0  # seconds: older than the 1 h tmp rule and the 300 s lock rule
+
+
+def _write(p: Path, data: str = "x", *, age: float = 0.0) -> Path:
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(data)
+    if age:
+        t = time.time() - age
+        os.utime(p, (t, t))
+    return p
+
+
+def _age_tree(root: Path, age: float) -> None:
+    t = time.time() - age
+    for dirpath, dirnames, filenames in os.walk(root):
+        for n in filenames + dirnames:
+            os.utime(os.path.join(dirpath, n), (t, t), follow_symlinks=False)
+    os.utime(root, (t, t))
+
+
+def _server_run(
+    base: Path, name: str, *, submitted: bool, live: bool = False, readonly: bool = False
+) -> Path:
+    run = base / "saved" / "eval_results" / "ebench" / name
+    task = run / "ebench" / "suite" / "task"
+    _write(task / "000" / "result_info.json", json.dumps({"score": 1.0, "success_rate": 1}))
+    _write(task / "000" / "left_camera.mp4", "video" * 100)
+    _write(task / "000" / ".genmanip_vis.rrd", "rrd")
+    _write(task / "000.lock", json.dumps({"worker_id": 0, "timestamp": 0, "pid": 1, "host": "h"}))
+    _write(run / "result.json", json.dumps({"(1/1)ebench/suite/task": {"score": 1.0, "sr": 1.0}}))
+    if submitted:
+        _write(run / "submitted.flag", json.dumps({"submission_id": "s1"}))
+    if readonly:
+        (task / "000" / "left_camera.mp4").chmod(0o444)
+    _age_tree(run, OLD)
+    if live:
+        # A worker is running seed 001 right now: fresh lock, no result_info.json yet.
+        _write(
+            task / "001.lock",
+            json.dumps({"worker_id": 1, "timestamp": time.time(), "pid": 2, "host": "h"}),
+        )
+    return run
+
+
+@pytest.fixture
+def tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
+    monkeypatch.delenv("GENMANIP_RESULT_DIR", raising=False)
+    root = tmp_path / "proj"
+    outside = tmp_path / "outside"
+    cache = tmp_path / "cache"
+    # Things outside the root that symlinks point to: must survive everything.
+    _write(outside / "victim.txt", "precious")
+    _write(outside / "dir" / ".genmanip_vis.rrd", "not ours")
+    _write(outside / "dir" / "old.tmp", "old", age=OLD)
+    _write(outside / "dir" / "state_plot.png", "png")
+    # Protected inputs of the server.
+    _write(root / "saved" / "tasks" / "t" / "000" / "meta_info.pkl", "task")
+    _write(root / "saved" / "tasks" / "t" / "000" / ".genmanip_vis.rrd", "rrd")
+    _write(root / "saved" / "tasks" / "t" / "stale.tmp", "old", age=OLD)
+    _write(root / "saved" / "demonstrations" / "d" / "stale.tmp", "old", age=OLD)
+    # Server logs (not this project's): kept.
+    _write(root / "logs" / "run1" / "server.log", "log")
+    # Server runs.
+    _server_run(root, "run_sub", submitted=True)
+    _server_run(root, "run_unsub", submitted=False)
+    _server_run(root, "run_live", submitted=True, live=True)
+    _server_run(root, "run_ro", submitted=True, readonly=True)
+    # A client run with plots and viewer caches.
+    crun = root / "client_results" / "bench" / "r1"
+    _write(crun / "run.json", json.dumps({"run_id": "r1", "benchmark": "bench"}))
+    ep = crun / "bench" / "t" / "000"
+    for name in ("steps.jsonl", "left_camera.mp4"):
+        _write(ep / name, "{}")
+    _write(ep / "result.json", json.dumps({"score": 1.0, "sr": 1.0}))
+    for name in (
+        "state_plot.png",
+        "action_plot.png",
+        "merged_with_plot.mp4",
+        "merged_with_plot_0a1b2c3d.mp4",
+    ):
+        _write(ep / name, "plot" * 50)
+    _write(ep / "plot.log", "# genmanip-artifacts plot log\noutput: state_plot.png\n")
+    _write(ep / ".genmanip_vis.rrd", "rrd" * 100)
+    _write(ep / "old.tmp", "in results", age=OLD)
+    ro = _write(crun / "bench" / "t" / "001" / ".genmanip_vis.rrd", "read-only cache")
+    _write(crun / "bench" / "t" / "001" / "result.json", json.dumps({"score": 0.0, "sr": 0.0}))
+    ro.chmod(0o444)
+    # Traps: symlinks out of the root, one of them named like a generated artifact.
+    (ep / "link_out").symlink_to(outside / "dir", target_is_directory=True)
+    (root / "trap_dir").symlink_to(outside / "dir", target_is_directory=True)
+    (root / ".genmanip_vis.rrd").symlink_to(outside / "victim.txt")
+    (root / "old_link.tmp").symlink_to(outside / "victim.txt")
+    # Temporaries outside the results trees.
+    _write(root / "stale.tmp", "old", age=OLD)
+    _write(root / "work" / ".x.abc.tmp", "old", age=OLD)
+    _write(root / "fresh.tmp", "new")
+    # A user's own file that merely has a plot's name (no episode, no plot.log of ours): kept.
+    _write(root / "notes" / "action_plot.png", "mine")
+    # A `gmp plot --out` directory (recognised by our plot.log).
+    _write(root / "plots_out" / "state_plot.png", "png")
+    _write(root / "plots_out" / "plot.log", "# genmanip-artifacts plot log\n")
+    # This project's cache.
+    _write(cache / "meshes" / "a.obj", "mesh" * 10)
+    _write(cache / "meshes" / "sub" / "b.obj", "mesh")
+    _write(cache / "logs" / "gmp.log", "log")
+    _write(cache / "downloads" / "bundle.zip", "zip" * 1000)
+    _write(cache / "viz" / "cert.pem", "cert")
+    return {"root": root, "outside": outside, "cache": cache, "base": tmp_path}
+
+
+def _snapshot(base: Path) -> set[str]:
+    out = set()
+    for dirpath, dirnames, filenames in os.walk(base):
+        for n in dirnames + filenames:
+            out.add(os.path.relpath(os.path.join(dirpath, n), base))
+    return out
+
+
+def _run(tree: dict[str, Path], *flags: str) -> int:
+    return main(["clean", "--root", str(tree["root"]), "--cache-dir", str(tree["cache"]), *flags])
+
+
+def _gone(before: set[str], after: set[str]) -> set[str]:
+    return before - after
+
+
+EP = "proj/client_results/bench/r1/bench/t/000"
+DEFAULT_GONE = {
+    ".genmanip_vis.rrd",  # the symlink only; outside/victim.txt stays
+    "stale.tmp",
+    "work/.x.abc.tmp",
+    "saved/eval_results/ebench/run_sub/ebench/suite/task/000/.genmanip_vis.rrd",
+    "saved/eval_results/ebench/run_unsub/ebench/suite/task/000/.genmanip_vis.rrd",
+    "saved/eval_results/ebench/run_live/ebench/suite/task/000/.genmanip_vis.rrd",
+    "saved/eval_results/ebench/run_ro/ebench/suite/task/000/.genmanip_vis.rrd",
+    "client_results/bench/r1/bench/t/000/.genmanip_vis.rrd",
+}
+CACHE_GONE = {
+    "cache/meshes/a.obj",
+    "cache/meshes/sub",
+    "cache/meshes/sub/b.obj",
+    "cache/logs/gmp.log",
+}
+PLOTS_GONE = {
+    f"{EP}/{n}"
+    for n in (
+        "state_plot.png",
+        "action_plot.png",
+        "merged_with_plot.mp4",
+        "merged_with_plot_0a1b2c3d.mp4",
+        "plot.log",
+    )
+} | {"proj/plots_out/state_plot.png", "proj/plots_out/plot.log"}
+
+
+def _proj(paths: set[str]) -> set[str]:
+    return {f"proj/{p}" for p in paths}
+
+
+def test_dry_run_by_default_when_not_a_terminal(
+    tree: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = _snapshot(tree["base"])
+    assert _run(tree) == ExitCode.OK
+    assert _snapshot(tree["base"]) == before
+    out = capsys.readouterr()
+    assert "viewer-cache: 6 item(s)" in out.out
+    assert "mesh-cache: 2 item(s)" in out.out
+    assert "would delete:" in out.out
+    assert "--yes" in out.err
+    # Explicit --dry-run wins over --yes.
+    assert _run(tree, "--dry-run", "--yes") == ExitCode.OK
+    assert _snapshot(tree["base"]) == before
+
+
+def test_default_clean_removes_only_generated_files(
+    tree: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = _snapshot(tree["base"])
+    # The read-only viewer cache is kept and reported (a warning, not a refusal of the command).
+    assert _run(tree, "--yes") == ExitCode.OK
+    gone = _gone(before, _snapshot(tree["base"]))
+    assert gone == _proj(DEFAULT_GONE) | CACHE_GONE
+    assert (tree["outside"] / "victim.txt").read_text() == "precious"
+    err = capsys.readouterr().err
+    assert "write-protected" in err and "freed" in err
+    # Second run: only the write-protected file is left, so everything that matched was kept.
+    assert _run(tree, "--yes") == ExitCode.REFUSED
+
+
+def test_plots_flag(tree: dict[str, Path]) -> None:
+    before = _snapshot(tree["base"])
+    _run(tree, "--yes", "--plots")
+    gone = _gone(before, _snapshot(tree["base"]))
+    assert gone == _proj(DEFAULT_GONE) | CACHE_GONE | PLOTS_GONE
+    assert (tree["root"] / "notes" / "action_plot.png").exists()
+    assert (tree["outside"] / "dir" / "state_plot.png").exists()
+
+
+def test_results_only_submitted_and_not_live(
+    tree: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = _snapshot(tree["base"])
+    assert _run(tree, "--yes", "--results") == ExitCode.REFUSED
+    gone = _gone(before, _snapshot(tree["base"]))
+    run_sub = {p for p in before if p.startswith("proj/saved/eval_results/ebench/run_sub")}
+    assert gone == _proj(DEFAULT_GONE) | CACHE_GONE | run_sub
+    err = capsys.readouterr().err
+    assert "run_unsub: not submitted" in err
+    assert "run_live: live run: fresh lock ebench/suite/task/001.lock" in err
+    assert "run_ro: contains write-protected left_camera.mp4" in err
+
+
+def test_force_never_deletes_a_live_run(tree: dict[str, Path]) -> None:
+    before = _snapshot(tree["base"])
+    assert _run(tree, "--yes", "--results", "--force") == ExitCode.REFUSED
+    after = _snapshot(tree["base"])
+    assert not any(p.startswith("proj/saved/eval_results/ebench/run_unsub") for p in after)
+    assert not any(p.startswith("proj/saved/eval_results/ebench/run_sub") for p in after)
+    live = {p for p in before if p.startswith("proj/saved/eval_results/ebench/run_live")}
+    # The live run keeps everything except its viewer cache.
+    assert live - after == {
+        "proj/saved/eval_results/ebench/run_live/ebench/suite/task/000/.genmanip_vis.rrd"
+    }
+    assert (tree["root"] / "saved/eval_results/ebench/run_live/ebench/suite/task/001.lock").exists()
+    assert (tree["root"] / "saved/eval_results/ebench/run_ro").exists()
+    assert (tree["root"] / "saved/tasks/t/000/meta_info.pkl").exists()
+
+
+def test_all_adds_download_cache(tree: dict[str, Path]) -> None:
+    before = _snapshot(tree["base"])
+    _run(tree, "--yes", "--all")
+    gone = _gone(before, _snapshot(tree["base"]))
+    assert gone == _proj(DEFAULT_GONE) | CACHE_GONE | PLOTS_GONE | {"cache/downloads/bundle.zip"}
+    assert (tree["cache"] / "viz" / "cert.pem").exists()
+
+
+def test_nothing_to_do(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    assert (
+        main(
+            [
+                "clean",
+                "--root",
+                str(tmp_path / "empty"),
+                "--cache-dir",
+                str(tmp_path / "c"),
+                "--yes",
+            ]
+        )
+        == ExitCode.NOTHING_TO_DO
+    )
+
+
+def test_missing_root_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["clean", "--root", str(tmp_path / "nope")]) == ExitCode.USAGE
+    assert "not a directory" in capsys.readouterr().err
+
+
+def test_symlinked_cache_subdir_not_followed(tmp_path: Path) -> None:
+    root = tmp_path / "r"
+    root.mkdir()
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    _write(tmp_path / "elsewhere" / "keep.bin", "k")
+    (cache / "meshes").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    plan = plan_clean(root, cache_dir=cache)
+    assert plan.items == []
+    assert [r.reason for r in plan.refused] == ["a symlink or not a directory; not followed"]
+    assert (tmp_path / "elsewhere" / "keep.bin").exists()
+
+
+def test_dir_swapped_for_symlink_after_planning_is_not_followed(tmp_path: Path) -> None:
+    root = tmp_path / "r"
+    root.mkdir()
+    cache = tmp_path / "cache"
+    _write(cache / "meshes" / "pack" / "m.obj", "m")
+    _write(tmp_path / "elsewhere" / "keep.bin", "k")
+    plan = plan_clean(root, cache_dir=cache)
+    assert [i.path.name for i in plan.items] == ["pack"]
+    # Attack between listing and deleting: the directory becomes a link to something precious.
+    import shutil
+
+    shutil.rmtree(cache / "meshes" / "pack")
+    (cache / "meshes" / "pack").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    report = execute_clean(plan)
+    assert report.removed == []
+    assert "changed since it was listed" in report.failed[0][1]
+    assert (tmp_path / "elsewhere" / "keep.bin").exists()
+
+
+def test_run_that_becomes_live_after_planning_is_kept(tree: dict[str, Path]) -> None:
+    plan = plan_clean(tree["root"], results=True, cache_dir=tree["cache"])
+    run = tree["root"] / "saved/eval_results/ebench/run_sub"
+    assert any(i.path == run for i in plan.items)
+    _write(
+        run / "ebench/suite/task/002.lock", json.dumps({"worker_id": 3, "timestamp": time.time()})
+    )
+    report = execute_clean(plan)
+    assert run.exists() and (run / "ebench/suite/task/002.lock").exists()
+    assert any(r.path == run and "live" in r.reason for r in report.refused)
+
+
+def test_recently_written_run_counts_as_live(tree: dict[str, Path]) -> None:
+    run = tree["root"] / "saved/eval_results/ebench/run_sub"
+    _write(run / "ebench/suite/task/000/result_info.json", json.dumps({"score": 1.0}))
+    plan = plan_clean(tree["root"], results=True, cache_dir=tree["cache"])
+    assert not any(i.path == run for i in plan.items)
+    assert any(r.path == run and "written" in r.reason for r in plan.refused)
+
+
+def test_sizes_are_reported(tree: dict[str, Path]) -> None:
+    plan = plan_clean(tree["root"], cache_dir=tree["cache"], all_caches=True)
+    by = {i.path.name: i for i in plan.items}
+    assert by["bundle.zip"].size == 3000
+    assert by["a.obj"].size == 40
+    assert by[".genmanip_vis.rrd"].size in (0, 3, 300)  # symlink (0) or real caches
+    link = next(i for i in plan.items if i.path == tree["root"] / ".genmanip_vis.rrd")
+    assert link.kind == "symlink" and link.size == 0
+    assert plan.total_bytes == sum(i.size for i in plan.items)

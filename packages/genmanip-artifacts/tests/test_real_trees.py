@@ -1,0 +1,125 @@
+"""Plots and cleanup on trees written by the real pieces: the testbed (server layout, with
+save_process) and genmanip-eval (client layout), over real HTTP on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from genmanip.cli.main import main
+from genmanip_artifacts import load_series, plot_episode
+from genmanip_artifacts.overlay import frame_timesteps
+from genmanip_eval.runner import EvalConfig, run_eval
+from genmanip_protocol.errors import ExitCode
+from genmanip_protocol.results import find_runs
+from genmanip_protocol.video import probe_video
+from genmanip_testbed import serve_testbed
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def trees(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("real")
+    with serve_testbed(
+        robot="manip/lift2/R5a",
+        tasks=("testbed/smoke",),
+        save_process=True,
+        results_root=base / "proj",
+    ) as tb:
+        cfg = EvalConfig(
+            url=tb.url,
+            policy="expert",
+            results_dir=str(base / "client"),
+            chunk_size=4,
+            max_episodes=1,
+        )
+        run_eval(cfg)
+    server_eps = [e for r in find_runs(base / "proj") for e in r.episodes if e.complete]
+    client_eps = [e for r in find_runs(base / "client") for e in r.episodes if e.complete]
+    assert server_eps and client_eps
+    return {"base": base, "server": server_eps[0].path, "client": client_eps[0].path}
+
+
+def test_client_layout_from_eval(trees: dict[str, Path]) -> None:
+    ep = trees["client"]
+    s = load_series(ep)
+    assert s.layout == "client" and s.robot is not None and s.robot.robot_id == "manip/lift2/R5a"
+    r = plot_episode(ep)
+    n_frames = probe_video(next(iter(s.videos.values())))[0]
+    assert r.frames == n_frames > 0
+    ts, warnings = frame_timesteps(s, n_frames)
+    # gmp eval records every observation it receives: one frame per timestep, none held.
+    assert warnings == []
+    assert np.array_equal(ts, np.arange(n_frames, dtype=np.float64) + ts[0])
+    assert probe_video(r.video)[0] == n_frames  # type: ignore[arg-type]
+    assert r.state_plot.stat().st_size > 10_000
+
+
+def test_server_layout_from_testbed(trees: dict[str, Path]) -> None:
+    ep = trees["server"]
+    s = load_series(ep)
+    assert s.layout == "server"
+    assert set(s.videos) == {"left_camera", "right_camera", "top_camera", "overlook_camera"}
+    r = plot_episode(ep)
+    assert r.warnings == []
+    assert r.frames == s.n_steps + 1  # the reset observation + one per step
+
+
+def test_clean_on_the_testbed_tree(
+    trees: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    proj = trees["base"] / "proj"
+    run = next(r for r in find_runs(proj))
+    cache = trees["base"] / "cache"
+    # Freshly written: live, whatever else.
+    assert (
+        main(
+            [
+                "clean",
+                "--root",
+                str(proj),
+                "--cache-dir",
+                str(cache),
+                "--results",
+                "--force",
+                "--yes",
+            ]
+        )
+        == ExitCode.REFUSED
+    )
+    assert "live run" in capsys.readouterr().err
+    old = time.time() - 3600
+    for dirpath, dirnames, filenames in os.walk(run.path):
+        for n in dirnames + filenames:
+            os.utime(os.path.join(dirpath, n), (old, old), follow_symlinks=False)
+    # Not submitted: refused, and nothing of the run disappears.
+    assert (
+        main(["clean", "--root", str(proj), "--cache-dir", str(cache), "--results", "--yes"])
+        == ExitCode.REFUSED
+    )
+    assert "not submitted" in capsys.readouterr().err
+    assert (run.path / "result.json").exists()
+    # Submitted and idle for a while: it goes (plots included), the tasks dir stays.
+    (run.path / "submitted.flag").write_text(json.dumps({"submission_id": "x"}))
+    assert (
+        main(
+            [
+                "clean",
+                "--root",
+                str(proj),
+                "--cache-dir",
+                str(cache),
+                "--results",
+                "--plots",
+                "--yes",
+            ]
+        )
+        == ExitCode.OK
+    )
+    assert not run.path.exists()
+    assert (proj / "saved" / "eval_results").is_dir()

@@ -1,0 +1,192 @@
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import genmanip_protocol.video as video_mod
+import numpy as np
+import pytest
+from genmanip_protocol import ExitCode
+from genmanip_protocol.codec import JpegFrame
+from genmanip_protocol.video import (
+    FfmpegError,
+    FfmpegNotFoundError,
+    VideoError,
+    VideoWriter,
+    ffmpeg_executable,
+    probe_video,
+    read_video_frames,
+    transcode_jpegs,
+    video_info,
+)
+
+
+def _frame(i: int, h: int = 48, w: int = 64) -> np.ndarray:
+    # smooth gradients + a per-frame brightness so frames are distinguishable after encoding
+    y, x = np.mgrid[0:h, 0:w]
+    base = (x * 100 // w + y * 60 // h + i * 5) % 256
+    return np.stack([base, np.full_like(base, 128), 255 - base], axis=-1).astype(np.uint8)
+
+
+def _ffmpeg_codec_line(path: Path) -> str:
+    # An independent look at the stream, from ffmpeg's own banner (not our parser).
+    res = subprocess.run(
+        [ffmpeg_executable(), "-hide_banner", "-i", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return next(line for line in res.stderr.splitlines() if "Video:" in line)
+
+
+def test_writer_produces_browser_playable_h264(tmp_path: Path) -> None:
+    path = tmp_path / "left_camera.mp4"
+    frames = [_frame(i) for i in range(30)]
+    with VideoWriter(path, 64, 48, fps=30) as w:
+        for f in frames:
+            w.write(f)
+        assert not path.exists() and (tmp_path / "left_camera.mp4.part").exists()  # atomic
+    assert probe_video(path) == (30, 64, 48)
+    info = video_info(path)
+    assert info.codec == "h264" and info.pix_fmt == "yuv420p" and info.fps == 30.0
+    line = _ffmpeg_codec_line(path)
+    assert "h264" in line and "yuv420p" in line
+    assert path.read_bytes()[4:8] == b"ftyp"
+    head = path.read_bytes()[:4096]
+    assert head.find(b"moov") != -1 and (
+        head.find(b"mdat") == -1 or head.find(b"moov") < head.find(b"mdat")
+    )  # +faststart
+    back = list(read_video_frames(path))
+    assert len(back) == 30
+    for i in (0, 15, 29):
+        assert np.abs(back[i].astype(int) - frames[i]).mean() < 6
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["left_camera.mp4"]
+
+
+def test_odd_sizes_are_padded_to_even(tmp_path: Path) -> None:
+    path = tmp_path / "odd.mp4"
+    with VideoWriter(path, 63, 47, nice=5) as w:
+        for i in range(3):
+            w.write(_frame(i, 47, 63))
+    assert probe_video(path) == (3, 64, 48)
+    first = next(read_video_frames(path))
+    assert np.abs(first[:47, :63].astype(int) - _frame(0, 47, 63)).mean() < 6
+
+
+def test_transcode_jpegs_without_decoding_in_python(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import genmanip_protocol.codec.jpeg as jpeg_mod
+    import genmanip_protocol.codec.observation as obs_mod
+
+    frames = [JpegFrame.encode(_frame(i)) for i in range(30)]
+    calls: list[int] = []
+    for mod in (jpeg_mod, obs_mod):  # Python-side JPEG decoding must never run
+        monkeypatch.setattr(mod, "decode_jpeg", lambda data: calls.append(1))
+    path = tmp_path / "top_camera.mp4"
+    n = transcode_jpegs((f if i % 2 else f.data for i, f in enumerate(frames)), path, fps=30)
+    assert n == 30 and calls == []
+    assert probe_video(path) == (30, 64, 48)
+    info = video_info(path)
+    assert info.codec == "h264" and info.pix_fmt == "yuv420p"
+    back = list(read_video_frames(path))
+    assert np.abs(back[10].astype(int) - _frame(10)).mean() < 8
+    assert (
+        transcode_jpegs([], tmp_path / "empty.mp4") == 0 and not (tmp_path / "empty.mp4").exists()
+    )
+
+
+def test_transcode_failure_carries_ffmpeg_stderr_and_leaves_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "bad.mp4"
+    with pytest.raises(FfmpegError) as ei:
+        transcode_jpegs([b"this is not a jpeg" * 10] * 5, path)
+    assert ei.value.returncode not in (0, None)
+    assert "JPEG" in ei.value.stderr or "Invalid data" in ei.value.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ffmpeg_failure_mid_write(tmp_path: Path) -> None:
+    path = tmp_path / "x.mp4"
+    # A thread count libx264 rejects: ffmpeg exits at startup, the writer notices on write/close.
+    with pytest.raises(FfmpegError) as ei:
+        w = VideoWriter(path, 64, 48, threads=-5)
+        for i in range(200):
+            w.write(_frame(i))
+        w.close()
+    assert ei.value.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_exception_inside_block_aborts_and_keeps_previous_file(tmp_path: Path) -> None:
+    path = tmp_path / "v.mp4"
+    path.write_bytes(b"previous")
+    with pytest.raises(RuntimeError):
+        with VideoWriter(path, 64, 48) as w:
+            w.write(_frame(0))
+            raise RuntimeError("policy crashed")
+    assert path.read_bytes() == b"previous"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v.mp4"]
+
+
+def test_zero_frames_create_nothing(tmp_path: Path) -> None:
+    w = VideoWriter(tmp_path / "none.mp4", 64, 48)
+    assert w.close() is None
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_input_validation(tmp_path: Path) -> None:
+    with VideoWriter(tmp_path / "a.mp4", 64, 48) as w:
+        for bad in (np.zeros((48, 64, 3), np.float32), np.zeros((48, 63, 3), np.uint8), "frame"):
+            with pytest.raises(VideoError, match="expected a \\(48, 64, 3\\) uint8"):
+                w.write(bad)  # type: ignore[arg-type]
+        w.write(_frame(0))
+    with pytest.raises(VideoError, match="closed"):
+        w.write(_frame(1))
+    for kwargs in ({"width": 0}, {"fps": 0}, {"crf": 99}, {"preset": "warp"}):
+        args = {"path": tmp_path / "b.mp4", "width": 64, "height": 48, **kwargs}
+        with pytest.raises(VideoError):
+            VideoWriter(**args)  # type: ignore[arg-type]
+    with pytest.raises(VideoError, match="does not exist"):
+        VideoWriter(tmp_path / "missing" / "c.mp4", 64, 48)
+    with pytest.raises(VideoError, match="no such video"):
+        probe_video(tmp_path / "nope.mp4")
+    (tmp_path / "junk.mp4").write_bytes(b"not a video")
+    with pytest.raises(FfmpegError):
+        probe_video(tmp_path / "junk.mp4")
+
+
+def test_read_frames_early_stop(tmp_path: Path) -> None:
+    path = tmp_path / "r.mp4"
+    with VideoWriter(path, 64, 48) as w:
+        for i in range(60):
+            w.write(_frame(i))
+    it = read_video_frames(path)
+    first = next(it)
+    assert first.shape == (48, 64, 3) and first.dtype == np.uint8
+    it.close()  # kills ffmpeg; must not hang or raise
+
+
+def test_missing_ffmpeg_names_the_extra(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("GMP_FFMPEG", str(tmp_path / "no-ffmpeg"))
+    with pytest.raises(FfmpegNotFoundError) as ei:
+        ffmpeg_executable()
+    assert ei.value.exit_code == ExitCode.NOT_INSTALLED
+    monkeypatch.delenv("GMP_FFMPEG")
+    monkeypatch.setattr(video_mod, "_FFMPEG_EXE", {})
+    import imageio_ffmpeg
+
+    monkeypatch.setattr(
+        imageio_ffmpeg, "get_ffmpeg_exe", lambda: (_ for _ in ()).throw(RuntimeError("no binary"))
+    )
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(FfmpegNotFoundError) as ei2:
+        ffmpeg_executable()
+    assert "genmanip-protocol[video]" in (ei2.value.hint or "")
+
+
+def test_env_override_uses_that_binary(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = ffmpeg_executable()
+    monkeypatch.setenv("GMP_FFMPEG", real)
+    assert ffmpeg_executable() == real
+    assert os.access(real, os.X_OK)

@@ -1,0 +1,226 @@
+"""Public API, the msgpack wire, concurrency, clean shutdown and the CLI."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import genmanip_testbed
+import numpy as np
+import pytest
+from _tbhelpers import Raw, poll_reset
+from genmanip_protocol.codec import MSGPACK_CONTENT_TYPE, JpegFrame, MsgpackCodec, Observation
+from genmanip_testbed import UnknownConfigError, serve_testbed
+
+pytestmark = pytest.mark.timeout(120)
+
+ZERO = {"control_type": "joint_position", "action": [0.0] * 16, "is_rel": True}
+
+
+def test_all_matches_public_names() -> None:
+    public = {
+        n
+        for n, v in vars(genmanip_testbed).items()
+        if not n.startswith("_") and not inspect.ismodule(v)
+    }
+    public -= {"annotations"}
+    assert set(genmanip_testbed.__all__) == public | {"__version__"}
+    assert sorted(genmanip_testbed.__all__, key=str.lower) == sorted(
+        set(genmanip_testbed.__all__), key=str.lower
+    )
+    assert not any(n.startswith("Test") for n in genmanip_testbed.__all__)
+
+
+def _mp(raw: Raw, path: str, obj: object, frames: str | None = None) -> tuple[int, object]:
+    headers = {"X-Genmanip-Frames": frames} if frames else {}
+    st, hdr, data = raw.request(
+        "POST", path, MsgpackCodec().encode(obj), ctype=MSGPACK_CONTENT_TYPE, headers=headers
+    )
+    if st == 200:
+        assert hdr["content-type"] == MSGPACK_CONTENT_TYPE
+        assert float(hdr["x-genmanip-server-ms"]) >= 0
+        return st, MsgpackCodec().decode(data)
+    return st, data
+
+
+def test_msgpack_wire_raw_and_jpeg_frames() -> None:
+    with serve_testbed(tasks=("testbed/smoke",), wire="both") as tb:
+        raw = Raw(tb.url)
+        st, proto = raw.get_json("/protocol")
+        assert proto == {
+            "server": "genmanip-testbed",
+            "version": genmanip_testbed.__version__,
+            "protocol_versions": [1],
+            "codecs": ["msgpack", "legacy"],
+            "frames": ["raw", "jpeg"],
+            "robot_id": "manip/lift2/R5a",
+            "auth": False,
+        }
+        st, resp = _mp(raw, "/reset", {"worker_ids": ["0"]})
+        assert st == 200 and resp["0"]["reset_pending"] is True
+        while True:
+            st, resp = _mp(raw, "/reset_result", {"worker_ids": ["0"]})
+            if not resp["0"].get("reset_pending"):
+                break
+            time.sleep(0.01)
+        obs = resp["0"]["obs"]
+        assert isinstance(obs, Observation) and not obs.is_encoded("video.top_camera_view")
+        top = obs["video.top_camera_view"]
+        assert top.shape == (720, 1280, 3) and top.dtype == np.uint8
+        assert obs["state.joints"].dtype == np.float32 and obs["state.joints"].shape == (12,)
+        st, resp = _mp(raw, "/step", {"0": ZERO}, frames="jpeg")
+        obs = resp["0"]["obs"]
+        assert obs.is_encoded("video.left_camera_view")
+        assert isinstance(obs.jpeg_frame("video.left_camera_view"), JpegFrame)
+        assert obs["video.left_camera_view"].shape == (480, 640, 3)
+        st, resp = _mp(raw, "/step_chunk", [{"0": ZERO}] * 3)
+        assert (
+            st == 200 and resp["executed_steps"] == 3 and resp["obs"]["0"]["obs"]["timestep"] == 4
+        )
+        st, body = raw.request("POST", "/step", b"\x00garbage", ctype=MSGPACK_CONTENT_TYPE)[::2]
+        assert st == 400 and b"Invalid msgpack in request body" in body
+        st, body = raw.request(
+            "POST",
+            "/step",
+            MsgpackCodec().encode({"0": ZERO}),
+            ctype=MSGPACK_CONTENT_TYPE,
+            headers={"X-Genmanip-Frames": "png"},
+        )[::2]
+        assert st == 400 and b"X-Genmanip-Frames" in body
+        raw.close()
+    with serve_testbed(tasks=("testbed/smoke",), wire="msgpack") as tb:
+        raw = Raw(tb.url)
+        st, _, body = raw.request("POST", "/reset", b"", ctype="application/octet-stream")
+        assert st == 415 and b"msgpack" in body
+        assert raw.get_json("/protocol")[1]["codecs"] == ["msgpack"]
+        raw.close()
+
+
+def test_parallel_workers_are_served_concurrently_and_counted_once() -> None:
+    with serve_testbed(tasks=("testbed/all",), reset_delay=0.01) as tb:
+        wids = ["0", "1", "2", "3"]
+        raw = Raw(tb.url)
+        raw.pickle_post("/reset", {"worker_ids": wids})
+        poll_reset(raw, wids)
+        raw.close()
+
+        def drive(wid: str) -> int:
+            r = Raw(tb.url)
+            n = 0
+            for _ in range(15):
+                st, _ = r.pickle_post("/step", {wid: ZERO})
+                assert st == 200
+                n += 1
+            r.close()
+            return n
+
+        with ThreadPoolExecutor(4) as pool:
+            counts = list(pool.map(drive, wids))
+        assert counts == [15] * 4
+        assert dict(tb.stats.steps_by_worker) == {w: 15 for w in wids}
+        assert all(v == 15 for v in tb.stats.steps_by_episode.values())
+        # One multi-worker /step moves everyone by one.
+        raw = Raw(tb.url)
+        st, resp = raw.pickle_post("/step", {w: ZERO for w in wids})
+        assert st == 200 and {resp[w]["obs"]["timestep"] for w in wids} == {16}
+        # One bad worker fails the whole request; the others still advanced.
+        bad = {
+            **{w: ZERO for w in wids[:3]},
+            "3": {"control_type": "joint_position", "action": [0.0]},
+        }
+        st, body = raw.pickle_post("/step", bad)
+        assert st == 500 and "RayTaskError(ValueError)" in body["detail"]
+        assert [tb.stats.steps_by_worker[w] for w in wids] == [17, 17, 17, 16]
+        raw.close()
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_clean_shutdown_and_temp_results() -> None:
+    before = {t.ident for t in threading.enumerate()}
+    with serve_testbed(tasks=("testbed/smoke",)) as tb:
+        root = Path(tb.results_root)
+        port = tb.port
+        raw = Raw(tb.url)
+        raw.pickle_post("/reset", {"worker_ids": ["0"]})
+        poll_reset(raw, ["0"])
+        raw.pickle_post("/step", {"0": ZERO})
+        raw.close()
+        assert root.is_dir() and _port_open(port)
+    time.sleep(0.2)
+    leaked = [
+        t for t in threading.enumerate() if t.ident not in before and t.name.startswith("testbed")
+    ]
+    assert leaked == [] and not _port_open(port)
+    assert not root.exists()  # the temp results dir we created is removed
+
+
+def test_unknown_task_set_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(UnknownConfigError, match="Config file testbed/what not found"):
+        with serve_testbed(tasks=("testbed/what",), results_root=tmp_path):
+            pass
+
+
+def test_cli_serve_and_interrupt(tmp_path: Path) -> None:
+    env = {**os.environ, "GENMANIP_TOKEN": "clitok"}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "genmanip",
+            "testbed",
+            "serve",
+            "--port",
+            "0",
+            "--tasks",
+            "testbed/smoke",
+            "--results-root",
+            str(tmp_path),
+            "--no-save-process",
+            "--run_id",
+            "cli",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        m = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+        assert m, line
+        url = f"http://127.0.0.1:{m.group(1)}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                raw = Raw(url, "clitok")
+                st, body = raw.get_json("/status")
+                raw.close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        assert st == 200 and body["data"]["run_id"] == "cli"
+        raw = Raw(url)
+        assert raw.get_json("/status")[0] == 401
+        raw.close()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "clitok" not in err and "clitok" not in out
+    assert re.search(r"GET /status 200 [\d.]+ms \d+B", err)
+    assert out == ""

@@ -1,0 +1,151 @@
+"""A real headless Chromium opens the three pages and replays an episode in the Rerun web viewer.
+
+Needs Debian's chromium at /usr/bin/chromium (``apt-get install -y chromium``); driven through the
+DevTools protocol by Playwright (its own browser downloads are not used). Screenshots go to
+``$GMP_SCREENSHOT_DIR`` (default: a tmp dir) for humans to look at.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from genmanip_viz.server import VizServer
+
+CHROMIUM = os.environ.get("GMP_CHROMIUM", "/usr/bin/chromium")
+FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    # WebGL through SwiftShader: the viewer needs a GL context and there is no GPU here.
+    "--enable-unsafe-swiftshader",
+]  # fmt: skip
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)) and not shutil.which(CHROMIUM):
+        pytest.fail(
+            f"Chromium not found at {CHROMIUM}: install it with "
+            "`apt-get update && apt-get install -y chromium` (Debian) or set GMP_CHROMIUM"
+        )
+    from playwright.sync_api import sync_playwright
+
+    profile = tmp_path_factory.mktemp("chromium-profile")
+    with sync_playwright() as p:
+        ctx = p.chromium.launch_persistent_context(
+            str(profile),
+            executable_path=CHROMIUM,
+            headless=True,
+            args=FLAGS,
+            viewport={"width": 1280, "height": 800},
+        )
+        try:
+            yield ctx
+        finally:
+            ctx.close()
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    d = Path(os.environ.get("GMP_SCREENSHOT_DIR") or tmp_path / "screenshots")
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def replay_in_browser(ctx: Any, server: VizServer, shots: Path, run_label: str, prefix: str) -> dict[str, Any]:
+    """Runs page -> run page -> first episode; returns what the test asserts on."""
+    t0 = time.monotonic()
+    mark = lambda what: print(f"{prefix}{what}: {time.monotonic() - t0:.1f}s")  # noqa: E731
+    page = ctx.new_page()
+    page_errors: list[str] = []
+    console_errors: list[str] = []
+    page.on("pageerror", lambda e: page_errors.append(str(e)))
+    page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
+    # Frames (the viewer iframe) report their errors through the same page events.
+    page.goto(server.base_url + "/", wait_until="load")
+    assert page.locator("table#runs tbody tr").count() >= 1
+    page.screenshot(path=str(shots / f"{prefix}1-runs.png"), full_page=True)
+    mark("runs")
+
+    page.click(f"table#runs a:text-is('{run_label}')")
+    page.wait_for_load_state("load")
+    assert page.locator("a.dot").count() >= 1
+    page.screenshot(path=str(shots / f"{prefix}2-run.png"), full_page=True)
+
+    with page.expect_response(lambda r: r.url.endswith("/recording.rrd"), timeout=180_000) as rrd_info:
+        page.locator("a.dot").first.click()
+    rrd = rrd_info.value
+    rrd.finished()
+    mark("rrd")
+    status = rrd.status
+    body_size = len(rrd.body())
+    page.wait_for_function(
+        "() => { const f = document.getElementById('viewer');"
+        " return !!(f && f.contentDocument && f.contentDocument.querySelector('canvas')); }",
+        timeout=120_000,
+    )
+    mark("canvas")
+    # Let the viewer decode the recording and draw a few frames before looking.
+    deadline = time.monotonic() + 6
+    while time.monotonic() < deadline:
+        page.wait_for_timeout(500)
+    page.screenshot(path=str(shots / f"{prefix}3-episode.png"), timeout=180_000)
+    mark("shot")
+    canvas_size = page.evaluate(
+        "() => { const c = document.getElementById('viewer').contentDocument.querySelector('canvas');"
+        " return [c.width, c.height]; }"
+    )
+    title = page.title()
+    page.close()
+    return {
+        "status": status,
+        "size": body_size,
+        "page_errors": page_errors,
+        "console_errors": console_errors,
+        "canvas": canvas_size,
+        "title": title,
+    }
+
+
+def _real_errors(errors: list[str]) -> list[str]:
+    # The viewer tries to reach rerun.io (telemetry, update check); our CSP blocks that on purpose.
+    noise = re.compile(r"Content Security Policy|Failed to fetch|tel\.rerun\.io|api\.github\.com", re.I)
+    return [e for e in errors if not noise.search(e)]
+
+
+def test_replay_episodes_in_chromium(browser: Any, tree: Path, viz_cache: Path, shots: Path) -> None:
+    with VizServer(tree, cache_dir=viz_cache) as server:
+        server.app.state.viz.index.wait_for_scan()  # type: ignore[attr-defined]
+        got = replay_in_browser(browser, server, shots, "run_a", "")
+        assert got["status"] == 200 and got["size"] > 10_000
+        assert got["page_errors"] == []
+        assert got["canvas"][0] > 100 and got["canvas"][1] > 100
+        assert not [e for e in _real_errors(got["console_errors"]) if re.search(r"video|decod|rrd|panic", e, re.I)]
+        assert (shots / "3-episode.png").stat().st_size > 10_000
+
+        # The server layout (mp4 + meta_record.pkl) replays too.
+        snap = server.app.state.viz.index.snapshot()  # type: ignore[attr-defined]
+        srv = next(v for v in snap.runs if v.info.run_id == "srv_run")
+        page = browser.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        with page.expect_response(lambda r: r.url.endswith("/recording.rrd"), timeout=180_000) as info:
+            page.goto(f"{server.base_url}/episode/{srv.key}/{srv.order[0]}")
+        assert info.value.status == 200
+        page.wait_for_function(
+            "() => { const f = document.getElementById('viewer');"
+            " return !!(f && f.contentDocument && f.contentDocument.querySelector('canvas')); }",
+            timeout=120_000,
+        )
+        page.wait_for_timeout(3000)
+        page.close()
+        assert errors == []

@@ -1,0 +1,178 @@
+"""gmp validate on real files: JSON, JSON lines / steps.jsonl, msgpack, pickle (allow-list only)."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import msgpack
+import numpy as np
+import pytest
+from genmanip.cli.main import main
+from genmanip.validate import validate_file, validate_object
+from genmanip_protocol import get_robot
+from genmanip_protocol.codec import MsgpackCodec
+
+ROBOT = "manip/lift2/R5a"
+SPEC = get_robot(ROBOT)
+
+
+def action(n: int | None = None, **kw: object) -> dict[str, object]:
+    a: dict[str, object] = {
+        "control_type": "joint_position",
+        "action": [0.0] * (SPEC.action_dim if n is None else n),
+        "is_rel": False,
+        "base_motion": [0.0, 0.0, 0.0],
+        "base_is_rel": True,
+    }
+    a.update(kw)
+    return a
+
+
+def row(step: int, act: dict[str, object] | None = None, **kw: object) -> dict[str, object]:
+    r: dict[str, object] = {
+        "episode_id": "bench/run1/pick/cube/0", "worker_id": "0", "robot_id": ROBOT,
+        "step": step, "obs_timestep": step, "frame": step,
+        "state": {"joints": [0.0] * SPEC.joints_dim, "gripper": [0.0] * SPEC.gripper_dim,
+                  "base": [0.0, 0.0, 0.0]},
+        "action": act or action(), "chunk": None, "latency_ms": {"network": 1.0, "server": 2.0, "policy": 0.1},
+    }
+    r.update(kw)
+    return r
+
+
+def write_jsonl(path: Path, rows: list[object]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_malformed_action_file_is_rejected_naming_the_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    f = tmp_path / "actions.json"
+    f.write_text(json.dumps([action(), action(9), action(control_type="torque")]))
+    code = main(["validate", "--robot", ROBOT, str(f)])
+    assert code == 4
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith(f"{f}[1]: action: expected {SPEC.action_dim}")
+    assert "got 9 values" in lines[0]
+    assert lines[1].startswith(f"{f}[2]: control_type:")
+    assert "2 violations in 1 of 1 file" in err
+
+
+def test_clean_files_exit_0(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = tmp_path / "a.json"
+    a.write_text(json.dumps({"0": action(), "1": action()}))  # a /step body
+    chunk = tmp_path / "chunk.json"
+    chunk.write_text(json.dumps({"0": [action(), action()]}))  # worker-major chunk
+    steps = write_jsonl(tmp_path / "steps.jsonl", [row(0), row(1, chunk={"index": 0, "size": 2}),
+                                                   row(2, state=None, latency_ms=None)])
+    assert main(["validate", "--robot", ROBOT, str(a), str(chunk)]) == 0
+    assert main(["validate", str(steps)]) == 0  # robot from the rows
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "1 file clean (3 steps.jsonl rows)" in err
+
+
+def test_steps_jsonl_violations_have_file_line_locations(tmp_path: Path) -> None:
+    rows: list[object] = [
+        row(0),
+        row(1, action(5)),
+        row(2, obs_timestep=9),
+        row(4),  # step 3 missing: rows of two attempts mixed, or lost
+        row(5, episode_id="../../etc/x"),
+        row(6, chunk={"index": 2, "size": 2}),
+    ]
+    f = write_jsonl(tmp_path / "steps.jsonl", rows)
+    with f.open("a") as fh:
+        fh.write("{broken\n")
+    rep = validate_file(f)
+    locs = [(v.location, v.field) for v in rep.violations]
+    assert (f"{f}:2.action", "action") in locs
+    assert (f"{f}:3", "obs_timestep") in locs
+    assert (f"{f}:4", "step") in locs
+    assert any(loc == f"{f}:5" and fld == "episode_id" for loc, fld in locs)
+    assert (f"{f}:6", "chunk") in locs
+    assert (f"{f}:7", "line") in locs
+    assert rep.records == 6
+
+
+def test_pickle_goes_through_the_allow_list(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return (open, (str(marker), "w"))
+
+    evil = tmp_path / "evil.pkl"
+    evil.write_bytes(pickle.dumps({"0": Evil()}))
+    rep = validate_file(evil, robot=ROBOT)
+    assert not marker.exists()
+    assert len(rep.violations) == 1
+    assert "not on the allow-list" in rep.violations[0].actual
+
+    good = tmp_path / "step.pkl"
+    good.write_bytes(pickle.dumps({"0": dict(action(), action=np.zeros(SPEC.action_dim))}))
+    assert validate_file(good, robot=ROBOT).violations == []
+
+
+def test_msgpack_frame_and_plain_msgpack(tmp_path: Path) -> None:
+    frame = tmp_path / "a.gmpk"
+    frame.write_bytes(b"".join(bytes(p) for p in MsgpackCodec().encode_parts({"0": action(9)})))
+    rep = validate_file(frame, robot=ROBOT)
+    assert [v.field for v in rep.violations] == ["action"]
+    plain = tmp_path / "a.msgpack"
+    plain.write_bytes(msgpack.packb([action()]))
+    assert validate_file(plain, robot=ROBOT).violations == []
+    junk = tmp_path / "junk.msgpack"
+    junk.write_bytes(b"\xc1\xc1\xc1")
+    assert validate_file(junk, robot=ROBOT).violations[0].field == "file"
+
+
+def test_observation_and_step_reply(tmp_path: Path) -> None:
+    obs = {
+        "robot_id": ROBOT, "instruction": "pick", "timestep": 0, "reset": False,
+        "episode_id": "b/r/t/0",
+        "state.joints": [0.0] * SPEC.joints_dim, "state.gripper": [0.0] * SPEC.gripper_dim,
+        "state.base": [0.0, 0.0, 0.0],
+        "state.ee_pose": [[[0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]]] * 2,
+    }
+    reply = {"0": {"obs": obs, "metric": None, "episode_result": None},
+             "1": {"obs": {"reset": True, "reset_pending": True}, "metric": None,
+                   "episode_result": None, "reset_pending": True}}
+    assert validate_object(reply).violations == []
+    bad = dict(obs, **{"state.joints": [0.0] * 3})
+    rep = validate_object({"0": {"obs": bad, "metric": None, "episode_result": None}},
+                          location="r.json")
+    assert [v.field for v in rep.violations] == ["state.joints"]
+    assert rep.violations[0].location == "r.json['0'].obs"
+
+
+def test_missing_robot_is_reported_once_per_file(tmp_path: Path) -> None:
+    f = tmp_path / "a.json"
+    f.write_text(json.dumps([action(), action()]))
+    rep = validate_file(f)
+    assert [v.field for v in rep.violations] == ["robot_id"]
+    assert "--robot" in rep.violations[0].expected
+
+
+def test_kind_forcing_and_unknown_values(tmp_path: Path) -> None:
+    f = tmp_path / "x.json"
+    f.write_text(json.dumps({"hello": 1}))
+    rep = validate_file(f, kind="steps")
+    assert rep.violations[0].field == "row"
+    rep = validate_file(f, robot=ROBOT)
+    assert rep.violations[0].field == "value"
+
+
+def test_bad_robot_and_unreadable_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", "--robot", "nope/robot", str(tmp_path / "x.json")]) == 2
+    assert "--robot" in capsys.readouterr().err
+    empty = tmp_path / "empty.json"
+    empty.write_text("")
+    assert main(["validate", "--robot", ROBOT, str(empty), str(tmp_path / "missing.json")]) == 4
+    out = capsys.readouterr().out
+    assert "empty.json: file:" in out and "missing.json: file: expected a readable file" in out
