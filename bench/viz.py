@@ -30,13 +30,14 @@ def synth_episode(root: Path, steps: int) -> Path:
         "top_camera": (1280, 720),
         "overlook_camera": (1280, 720),
     }
-    run = write_client_run(root, "ebench", "bench", tasks={"ebench/lift2/pick": [1.0]}, steps=steps, cameras=cams)
+    run = write_client_run(
+        root, "ebench", "bench", tasks={"ebench/lift2/pick": [1.0]}, steps=steps, cameras=cams
+    )
     return run / "ebench/lift2/pick/0"
 
 
 def time_build(ep_dir: Path, repeats: int) -> tuple[float, int, int]:
     from genmanip_protocol.results import load_episode
-
     from genmanip_viz.recording import build_recording
 
     ep = load_episode(ep_dir)
@@ -56,24 +57,42 @@ def synth_tree(root: Path, runs: int, episodes: int) -> None:
     for r in range(runs):
         run_dir = root / f"bench{r % 4}" / f"run_{r:04d}"
         run_dir.mkdir(parents=True)
-        (run_dir / "run.json").write_text(json.dumps({"run_id": run_dir.name, "benchmark": run_dir.parent.name,
-                                                      "start": 1.7e9 + r, "total_episodes": episodes}))
+        (run_dir / "run.json").write_text(
+            json.dumps(
+                {
+                    "run_id": run_dir.name,
+                    "benchmark": run_dir.parent.name,
+                    "start": 1.7e9 + r,
+                    "total_episodes": episodes,
+                }
+            )
+        )
         for e in range(episodes):
             task = f"ebench/suite{e % 3}/task{e % 10}"
             seed = str(e // 10)
             ep = run_dir / task / seed
             ep.mkdir(parents=True, exist_ok=True)
             score = float((r + e) % 3 == 0)
-            (ep / "steps.jsonl").write_text(json.dumps({"step": 0, "frame": None, "state": None, "action": None}) + "\n")
-            (ep / "result.json").write_text(json.dumps({
-                "episode_id": f"{run_dir.parent.name}/{run_dir.name}/{task}/{seed}", "task_name": task,
-                "seed": seed, "score": score, "sr": score, "steps": 1, "instruction": "pick",
-            }))
+            (ep / "steps.jsonl").write_text(
+                json.dumps({"step": 0, "frame": None, "state": None, "action": None}) + "\n"
+            )
+            (ep / "result.json").write_text(
+                json.dumps(
+                    {
+                        "episode_id": f"{run_dir.parent.name}/{run_dir.name}/{task}/{seed}",
+                        "task_name": task,
+                        "seed": seed,
+                        "score": score,
+                        "sr": score,
+                        "steps": 1,
+                        "instruction": "pick",
+                    }
+                )
+            )
 
 
 def time_pages(root: Path, samples: int) -> tuple[float, float, float, int]:
     import requests
-
     from genmanip_viz.server import VizServer
 
     with VizServer(root, scan_interval=2.0) as s:
@@ -82,7 +101,7 @@ def time_pages(root: Path, samples: int) -> tuple[float, float, float, int]:
         r = sess.get(s.base_url + "/", timeout=600)
         first = time.perf_counter() - t
         assert r.status_code == 200
-        n_rows = r.text.count("<tr>") - 1
+        s.app.state.viz.index.wait_for_scan(timeout=600)  # type: ignore[attr-defined]
         lat = []
         for _ in range(samples):
             t = time.perf_counter()
@@ -90,6 +109,7 @@ def time_pages(root: Path, samples: int) -> tuple[float, float, float, int]:
             lat.append(time.perf_counter() - t)
             assert r.status_code == 200
             time.sleep(0.05)
+        n_rows = r.text.count("<tr>") - 1
         key = r.text.split('href="/run/', 1)[1].split('"', 1)[0]
         run_lat = []
         for _ in range(samples):
@@ -100,7 +120,9 @@ def time_pages(root: Path, samples: int) -> tuple[float, float, float, int]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--runs", type=int, default=200)
     ap.add_argument("--episodes", type=int, default=50)
@@ -115,13 +137,23 @@ def main() -> None:
         synth_tree(work / "tree", a.runs, a.episodes)
         first, runs_med, run_med, n_rows = time_pages(work / "tree", a.samples)
     mb = 1024 * 1024
-    print(f"| measurement ({a.steps}-step 4-camera lift2 episode; {a.runs} runs x {a.episodes} episodes) | gmp viz | target | ratio to target |")
+    print(
+        f"| measurement ({a.steps}-step 4-camera lift2 episode; {a.runs} runs x {a.episodes} episodes) | gmp viz | target | ratio to target |"
+    )
     print("|---|---|---|---|")
     print(f"| `.rrd` build (best of {a.repeats}) | {build_s:.2f} s | < 2 s | {build_s / 2:.2f} |")
-    print(f"| `.rrd` size vs source mp4s | {rrd_size / mb:.1f} MiB vs {src_size / mb:.1f} MiB | ~1x (videos stored once) | {rrd_size / max(src_size, 1):.2f} |")
-    print(f"| runs page, first request (includes first scan of {a.runs * a.episodes} episodes) | {first * 1000:.0f} ms | - | - |")
-    print(f"| runs page after the first scan (median of {a.samples}, {n_rows} rows) | {runs_med * 1000:.0f} ms | < 300 ms | {runs_med / 0.3:.2f} |")
-    print(f"| run page, {a.episodes} episodes (median of {a.samples}) | {run_med * 1000:.0f} ms | < 300 ms | {run_med / 0.3:.2f} |")
+    print(
+        f"| `.rrd` size vs source mp4s | {rrd_size / mb:.1f} MiB vs {src_size / mb:.1f} MiB | ~1x (videos stored once) | {rrd_size / max(src_size, 1):.2f} |"
+    )
+    print(
+        f"| runs page, first request (includes first scan of {a.runs * a.episodes} episodes) | {first * 1000:.0f} ms | - | - |"
+    )
+    print(
+        f"| runs page after the first scan (median of {a.samples}, {n_rows} rows) | {runs_med * 1000:.0f} ms | < 300 ms | {runs_med / 0.3:.2f} |"
+    )
+    print(
+        f"| run page, {a.episodes} episodes (median of {a.samples}) | {run_med * 1000:.0f} ms | < 300 ms | {run_med / 0.3:.2f} |"
+    )
 
 
 if __name__ == "__main__":

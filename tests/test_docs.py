@@ -38,3 +38,15 @@ def test_link_checker_finds_broken_links(tmp_path: Path) -> None:
     (tmp_path / "docs" / "y.md").write_text("# Title\n")
     problems = check_docs.check_links(tmp_path)
     assert problems == ["README.md: broken link docs/x.md", "README.md: no heading for #nope in docs/y.md"]
+
+
+def test_man_page_environment_matches_cli_doc() -> None:
+    sys.path.insert(0, str(ROOT / "packages" / "genmanip" / "src"))
+    try:
+        from genmanip.cli.manpage import ENVIRONMENT
+    finally:
+        sys.path.pop(0)
+    doc = gen_cli_docs.DOC.read_text(encoding="utf-8")
+    for names, _ in ENVIRONMENT:
+        for name in names.split(", "):
+            assert f"`{name}`" in doc, name

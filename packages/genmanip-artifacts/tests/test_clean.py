@@ -332,3 +332,51 @@ def test_sizes_are_reported(tree: dict[str, Path]) -> None:
     link = next(i for i in plan.items if i.path == tree["root"] / ".genmanip_vis.rrd")
     assert link.kind == "symlink" and link.size == 0
     assert plan.total_bytes == sum(i.size for i in plan.items)
+
+
+def _clean_on_a_terminal(root: Path, cache: Path, answer: bytes) -> tuple[int, str]:
+    """Run ``gmp clean`` as a subprocess whose stdin/stderr are a real pseudo-terminal."""
+    import pty
+    import select
+    import subprocess
+    import sys
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "genmanip", "clean", "--root", str(root), "--cache-dir", str(cache)],
+        stdin=slave,
+        stdout=subprocess.PIPE,
+        stderr=slave,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
+    os.close(slave)
+    seen = b""
+    deadline = time.monotonic() + 60
+    while b"[y/N]" not in seen and time.monotonic() < deadline:
+        if select.select([master], [], [], 0.5)[0]:
+            seen += os.read(master, 4096)
+    os.write(master, answer)
+    rc = proc.wait(timeout=60)
+    while select.select([master], [], [], 0.2)[0]:
+        try:
+            seen += os.read(master, 4096)
+        except OSError:
+            break
+    os.close(master)
+    return rc, seen.decode(errors="replace")
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected_rc", "deleted"),
+    [(b"n\n", ExitCode.REFUSED, False), (b"y\n", ExitCode.OK, True)],
+)
+def test_prompt_on_a_terminal(
+    tmp_path: Path, answer: bytes, expected_rc: int, deleted: bool
+) -> None:
+    root = tmp_path / "r"
+    cache = tmp_path / "c"
+    target = _write(root / "client_results" / "b" / "r" / ".genmanip_vis.rrd", "rrd")
+    rc, talk = _clean_on_a_terminal(root, cache, answer)
+    assert "delete 1 item(s), 3 B? [y/N]" in talk
+    assert rc == expected_rc
+    assert target.exists() is not deleted

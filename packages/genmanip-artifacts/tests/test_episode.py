@@ -230,3 +230,14 @@ def test_camera_order_puts_known_cameras_first_and_drops_generated() -> None:
         for n in ("zeta", "right_camera", "merged_with_plot", "left_camera", "merged_ab12cd34")
     }
     assert list(order_cameras(vids)) == ["left_camera", "right_camera", "zeta"]
+
+
+def test_row_being_written_is_skipped_only_while_recording(tmp_path: Path) -> None:
+    text = json.dumps(_row(0)) + "\n" + json.dumps(_row(1)) + "\n" + '{"step": 2, "obs_ti'
+    ep = _episode(tmp_path, text)
+    with pytest.raises(EpisodeDataError, match=r"steps\.jsonl:3: not JSON"):
+        load_series(ep)
+    (ep / "INCOMPLETE").write_text("")
+    s = load_series(ep)
+    assert s.n_steps == 2
+    assert s.warnings == ["steps.jsonl:3: row still being written; ignored"]

@@ -224,6 +224,7 @@ def _merge_many(path: str, start: int, n: int) -> None:
                    Path(path).with_name("episode_result.lock"))
 
 
+@pytest.mark.slow
 def test_concurrent_episode_result_merges_from_processes(tmp_path: Path) -> None:
     # The recorder's merge path: several processes write the same task's episode_result.json.
     target = tmp_path / "episode_result.json"
@@ -245,6 +246,7 @@ def _record_in_process(root: str, wid: str, seeds: list[str]) -> None:
     rec.close()
 
 
+@pytest.mark.slow
 def test_recorders_in_several_processes_share_task_results(tmp_path: Path) -> None:
     ctx = mp.get_context("spawn")
     procs = [

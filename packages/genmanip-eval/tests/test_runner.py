@@ -88,6 +88,7 @@ def test_max_episodes_stops_early(reach: Any, tmp_path: Path) -> None:
     assert len(list(tmp_path.rglob("result.json"))) == 2
 
 
+@pytest.mark.slow
 def test_processes_spread_workers(reach: Any, tmp_path: Path) -> None:
     cfg = EvalConfig(url=reach.url, worker_ids=["0", "1", "2", "3"], processes=2, results_dir=str(tmp_path))
     summary = run_eval(cfg)
@@ -99,6 +100,7 @@ def test_processes_spread_workers(reach: Any, tmp_path: Path) -> None:
     assert sorted(run["workers"]) == ["0", "1", "2", "3"]
 
 
+@pytest.mark.slow
 def test_dead_worker_process_is_reported(reach: Any, tmp_path: Path) -> None:
     cfg = EvalConfig(url=reach.url, worker_ids=["0", "1"], processes=2, policy="helper_policies:killer",
                      policy_args={"at": "3"}, results_dir=str(tmp_path))
@@ -106,6 +108,7 @@ def test_dead_worker_process_is_reported(reach: Any, tmp_path: Path) -> None:
         run_eval(cfg, grace_s=5)
 
 
+@pytest.mark.slow
 def test_policy_error_in_process_is_reported(reach: Any, tmp_path: Path) -> None:
     cfg = EvalConfig(url=reach.url, worker_ids=["0", "1"], processes=2, policy="helper_policies:raiser",
                      results_dir=str(tmp_path))

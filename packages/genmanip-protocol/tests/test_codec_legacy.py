@@ -444,3 +444,36 @@ def test_deep_nesting_is_decode_error() -> None:
 def test_size_limit() -> None:
     with pytest.raises(DecodeError, match="exceeds"):
         LegacyCodec(max_size=10).decode(pickle.dumps(list(range(100))))
+
+
+def test_shared_reference_bombs_are_refused() -> None:
+    # 60 levels of [x, x]: a few hundred bytes, 2**60 leaves for anyone walking it naively
+    level: Any = [1.0]
+    for _ in range(60):
+        level = [level, level]
+    body = pickle.dumps(level)
+    assert len(body) < 2000
+    with pytest.raises(DecodeError, match="expands"):
+        safe_loads(body)
+    # modest sharing (the same list used by every step) is fine
+    base = [0.0, 0.0, 0.0]
+    steps = [{"base_motion": base, "i": i} for i in range(1000)]
+    out = safe_loads(pickle.dumps(steps))
+    assert out[0]["base_motion"] is out[999]["base_motion"]
+
+
+def test_numpy_scalars_in_replies_become_python_scalars() -> None:
+    # a server that forgets .item() still gives the client JSON-serialisable observations
+    reply = {
+        "0": {
+            "obs": {
+                "timestep": np.int64(3),
+                "state.base": [np.float32(0.5)],
+                "reset": np.bool_(True),
+            }
+        }
+    }
+    obs = CODEC.decode(pickle.dumps(reply))["0"]["obs"]
+    assert obs["timestep"] == 3 and type(obs["timestep"]) is int
+    assert type(obs["state.base"][0]) is float and obs["reset"] is True
+    assert type(CODEC.decode(pickle.dumps(np.float64(2.5)))) is float

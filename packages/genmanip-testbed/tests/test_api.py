@@ -199,9 +199,14 @@ def test_cli_serve_and_interrupt(tmp_path: Path) -> None:
     )
     try:
         assert proc.stderr is not None
-        line = proc.stderr.readline()
-        m = re.search(r"http://127\.0\.0\.1:(\d+)", line)
-        assert m, line
+        seen = []
+        m = None
+        while m is None and len(seen) < 20:
+            line = proc.stderr.readline()
+            assert line, "".join(seen)  # the server exited before printing its URL
+            seen.append(line)
+            m = re.search(r"testbed serving http://127\.0\.0\.1:(\d+)", line)
+        assert m, "".join(seen)
         url = f"http://127.0.0.1:{m.group(1)}"
         deadline = time.monotonic() + 30
         while True:
@@ -224,3 +229,27 @@ def test_cli_serve_and_interrupt(tmp_path: Path) -> None:
     assert "clitok" not in err and "clitok" not in out
     assert re.search(r"GET /status 200 [\d.]+ms \d+B", err)
     assert out == ""
+
+
+def test_unknown_routes_and_methods_answer_like_fastapi() -> None:
+    with serve_testbed(tasks=("testbed/smoke",)) as tb:
+        raw = Raw(tb.url)
+        assert raw.get_json("/nope") == (404, {"detail": "Not Found"})
+        assert raw.get_json("/step") == (405, {"detail": "Method Not Allowed"})
+        st, hdr, _ = raw.request("GET", "/openapi.json")
+        assert st == 200 and "x-genmanip-server-ms" in hdr
+        assert "/step_chunk" in raw.get_json("/openapi.json")[1]["paths"]
+        raw.close()
+
+
+def test_bad_options_are_usage_errors(tmp_path: Path) -> None:
+    from genmanip_protocol.errors import ExitCode
+    from genmanip_testbed import OptionError
+
+    with pytest.raises(OptionError, match="run_id '../x'") as ei:
+        with serve_testbed(tasks="testbed/smoke", run_id="../x", results_root=tmp_path):
+            pass
+    assert ei.value.exit_code == ExitCode.USAGE
+    with pytest.raises(OptionError, match="wire"):
+        with serve_testbed(wire="grpc", results_root=tmp_path):
+            pass

@@ -459,3 +459,37 @@ def test_lock_lost_after_three_failed_refreshes(raw_factory: Any) -> None:
         # The seed was re-queued at the front and the worker moved on to it again.
         assert nxt["obs"]["episode_id"].endswith("/000") and nxt["obs"]["timestep"] == 0
         assert tb.stats.steps_by_worker["0"] == 1
+
+
+def test_chunk_stops_at_episode_end(raw_factory: Any) -> None:
+    with serve_testbed(tasks=("testbed/smoke",), num_steps=5) as tb:
+        raw = raw_factory(tb.url)
+        raw.pickle_post("/reset", {"worker_ids": ["0"]})
+        poll_reset(raw, ["0"])
+        st, resp = raw.pickle_post("/step_chunk?render_suffix=1", [{"0": _zero_action()}] * 8)
+        assert st == 200
+        assert resp["executed_steps"] == 5 and resp["stopped_early"] is True
+        assert resp["obs"]["0"]["reset_pending"] is True
+        assert tb.stats.steps_by_worker["0"] == 5
+        nxt = poll_reset(raw, ["0"])["0"]
+        assert nxt["episode_result"]["score"] == 0.0 and nxt["episode_result"]["sr"] == 0.0
+        # The next chunk: the whole chunk runs.
+        st, resp = raw.pickle_post("/step_chunk", [{"0": _zero_action()}] * 3)
+        assert resp["executed_steps"] == 3 and resp["stopped_early"] is False
+
+
+def test_worker_id_quirks_and_busy_reset_leak(raw_factory: Any) -> None:
+    with serve_testbed(tasks=("testbed/smoke",)) as tb:
+        raw = raw_factory(tb.url)
+        # /create_workers keeps ids as sent: an int id is a different worker from "0".
+        assert raw.json_post("/create_workers", {"data": {"worker_ids": [0]}})[0] == 200
+        raw.pickle_post("/reset", {"worker_ids": [0]})  # /reset stringifies
+        _, status = raw.get_json("/status")
+        assert sorted(map(str, status["data"]["active_workers"])) == ["0", "0"]
+        poll_reset(raw, ["0"])
+        # /reset on a busy worker takes a new seed without releasing the old one.
+        raw.pickle_post("/reset", {"worker_ids": ["0"]})
+        second = poll_reset(raw, ["0"])["0"]
+        assert second["obs"]["episode_id"].endswith("/001")
+        _, status = raw.get_json("/status")
+        assert status["data"]["in_progress_episodes"] == 2  # 000 leaked, 001 running

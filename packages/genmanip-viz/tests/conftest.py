@@ -4,7 +4,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from genmanip_viz.server import VizServer
 from genmanip_viz.testing import write_client_run, write_live_worker, write_server_run
 
@@ -35,8 +34,15 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
         tasks={"ebench/table/lift": [1.0, 0.0, 1.0], "ebench/table/push": [1.0, float("nan")]},
         start=1_700_000_100.0,
     )  # fmt: skip
-    srv = write_server_run(root, "ebench", "srv_run", tasks={"ebench/kitchen/open_drawer": [1.0, 0.25, float("nan")]})
-    write_live_worker(srv, "1", episode_id="ebench/srv_run/ebench/kitchen/open_drawer/2", instruction=XSS_INSTRUCTION)
+    srv = write_server_run(
+        root, "ebench", "srv_run", tasks={"ebench/kitchen/open_drawer": [1.0, 0.25, float("nan")]}
+    )
+    write_live_worker(
+        srv,
+        "1",
+        episode_id="ebench/srv_run/ebench/kitchen/open_drawer/2",
+        instruction=XSS_INSTRUCTION,
+    )
     return root
 
 

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from genmanip_viz.server import VizServer
 
 CHROMIUM = os.environ.get("GMP_CHROMIUM", "/usr/bin/chromium")
@@ -32,7 +31,9 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)) and not shutil.which(CHROMIUM):
+    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)) and not shutil.which(
+        CHROMIUM
+    ):
         pytest.fail(
             f"Chromium not found at {CHROMIUM}: install it with "
             "`apt-get update && apt-get install -y chromium` (Debian) or set GMP_CHROMIUM"
@@ -61,7 +62,9 @@ def shots(tmp_path: Path) -> Path:
     return d
 
 
-def replay_in_browser(ctx: Any, server: VizServer, shots: Path, run_label: str, prefix: str) -> dict[str, Any]:
+def replay_in_browser(
+    ctx: Any, server: VizServer, shots: Path, run_label: str, prefix: str
+) -> dict[str, Any]:
     """Runs page -> run page -> first episode; returns what the test asserts on."""
     t0 = time.monotonic()
     mark = lambda what: print(f"{prefix}{what}: {time.monotonic() - t0:.1f}s")  # noqa: E731
@@ -81,7 +84,9 @@ def replay_in_browser(ctx: Any, server: VizServer, shots: Path, run_label: str, 
     assert page.locator("a.dot").count() >= 1
     page.screenshot(path=str(shots / f"{prefix}2-run.png"), full_page=True)
 
-    with page.expect_response(lambda r: r.url.endswith("/recording.rrd"), timeout=180_000) as rrd_info:
+    with page.expect_response(
+        lambda r: r.url.endswith("/recording.rrd"), timeout=180_000
+    ) as rrd_info:
         page.locator("a.dot").first.click()
     rrd = rrd_info.value
     rrd.finished()
@@ -118,18 +123,26 @@ def replay_in_browser(ctx: Any, server: VizServer, shots: Path, run_label: str, 
 
 def _real_errors(errors: list[str]) -> list[str]:
     # The viewer tries to reach rerun.io (telemetry, update check); our CSP blocks that on purpose.
-    noise = re.compile(r"Content Security Policy|Failed to fetch|tel\.rerun\.io|api\.github\.com", re.I)
+    noise = re.compile(
+        r"Content Security Policy|Failed to fetch|tel\.rerun\.io|api\.github\.com", re.I
+    )
     return [e for e in errors if not noise.search(e)]
 
 
-def test_replay_episodes_in_chromium(browser: Any, tree: Path, viz_cache: Path, shots: Path) -> None:
+def test_replay_episodes_in_chromium(
+    browser: Any, tree: Path, viz_cache: Path, shots: Path
+) -> None:
     with VizServer(tree, cache_dir=viz_cache) as server:
         server.app.state.viz.index.wait_for_scan()  # type: ignore[attr-defined]
         got = replay_in_browser(browser, server, shots, "run_a", "")
         assert got["status"] == 200 and got["size"] > 10_000
         assert got["page_errors"] == []
         assert got["canvas"][0] > 100 and got["canvas"][1] > 100
-        assert not [e for e in _real_errors(got["console_errors"]) if re.search(r"video|decod|rrd|panic", e, re.I)]
+        assert not [
+            e
+            for e in _real_errors(got["console_errors"])
+            if re.search(r"video|decod|rrd|panic", e, re.I)
+        ]
         assert (shots / "3-episode.png").stat().st_size > 10_000
 
         # The server layout (mp4 + meta_record.pkl) replays too.
@@ -138,7 +151,9 @@ def test_replay_episodes_in_chromium(browser: Any, tree: Path, viz_cache: Path, 
         page = browser.new_page()
         errors: list[str] = []
         page.on("pageerror", lambda e: errors.append(str(e)))
-        with page.expect_response(lambda r: r.url.endswith("/recording.rrd"), timeout=180_000) as info:
+        with page.expect_response(
+            lambda r: r.url.endswith("/recording.rrd"), timeout=180_000
+        ) as info:
             page.goto(f"{server.base_url}/episode/{srv.key}/{srv.order[0]}")
         assert info.value.status == 200
         page.wait_for_function(

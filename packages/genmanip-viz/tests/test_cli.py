@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 import requests
 from cryptography import x509
-
 from genmanip_viz import cli
 from genmanip_viz.errors import NoRunError
 from genmanip_viz.recording import RRD_NAME, SIDECAR_NAME
@@ -24,8 +23,12 @@ from genmanip_viz.tls import ensure_certificate
 
 
 @pytest.mark.slow
-def test_build_prebuilds_every_complete_episode(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    run = write_client_run(tmp_path, "b", "r", tasks={"t/a": [1.0, 0.0], "t/b": [float("nan")]}, steps=6)
+def test_build_prebuilds_every_complete_episode(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = write_client_run(
+        tmp_path, "b", "r", tasks={"t/a": [1.0, 0.0], "t/b": [float("nan")]}, steps=6
+    )
     rc = cli.build(argparse.Namespace(run_dir=str(run), jobs=2, quiet=False, verbose=0))
     assert rc == 0
     assert (run / "t/a/0" / RRD_NAME).is_file() and (run / "t/a/1" / RRD_NAME).is_file()
@@ -66,11 +69,17 @@ def test_certificate_covers_names_and_is_reused(tmp_path: Path) -> None:
     before = cert.read_bytes()
     ensure_certificate("10.1.2.3", cache_dir=tmp_path)  # new name -> new certificate
     assert cert.read_bytes() != before
-    assert ipaddress.ip_address("10.1.2.3") in x509.load_pem_x509_certificate(cert.read_bytes()).extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.IPAddress)
+    assert ipaddress.ip_address("10.1.2.3") in x509.load_pem_x509_certificate(
+        cert.read_bytes()
+    ).extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
+        x509.IPAddress
+    )
 
 
 @pytest.mark.slow
-def test_https_with_token_verifies_against_the_generated_cert(tmp_path: Path, viz_cache: Path, tree: Path) -> None:
+def test_https_with_token_verifies_against_the_generated_cert(
+    tmp_path: Path, viz_cache: Path, tree: Path
+) -> None:
     with VizServer(tree, https=True, token="tok-123", cache_dir=viz_cache, tls_dir=tmp_path) as s:
         assert s.url.startswith("https://localhost:") and s.url.endswith("/?access_token=tok-123")
         cert = str(s.cert[0])  # type: ignore[index]
@@ -92,7 +101,13 @@ def test_serve_command_prints_url_and_hint(tree: Path, viz_cache: Path, tmp_path
         "import argparse, sys; from genmanip_viz.cli import serve; "
         f"sys.exit(serve(argparse.Namespace(root={str(tree)!r}, port=0, host='127.0.0.1', https=None, open=False)))"
     )
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
     try:
         assert proc.stdout is not None
         url = proc.stdout.readline().strip()

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 from genmanip_protocol.results import find_runs, load_run
 from genmanip_protocol.stats import wilson_interval
-
 from genmanip_viz.index import (
     ResultsIndex,
     _make_view,
@@ -91,7 +90,9 @@ def test_live_workers(tree: Path, tmp_path: Path) -> None:
     write_live_worker(run, "ok")
     (run / ".live" / ".hidden").mkdir()
     (run / ".live" / "ok" / "bad name.jpg").write_bytes(b"x")
-    assert [(w.worker_id, w.cameras) for w in live_workers(run)] == [("ok", ("left_camera", "top_camera"))]
+    assert [(w.worker_id, w.cameras) for w in live_workers(run)] == [
+        ("ok", ("left_camera", "top_camera"))
+    ]
 
 
 def test_results_index_is_incremental(tmp_path: Path) -> None:

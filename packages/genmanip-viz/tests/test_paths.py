@@ -4,14 +4,28 @@ import os
 from pathlib import Path, PurePosixPath
 
 import pytest
-
 from genmanip_viz.errors import UnsafePathError
 from genmanip_viz.paths import is_within, resolve_within, safe_component, safe_relative
 
 
 @pytest.mark.parametrize(
     "rel",
-    ["../x", "a/../../x", "/etc/passwd", "a//b", "a/./b", ".", "..", "a\x00b", "a\\b", "C:/x", "c:", "a/\n", "", "a/" + "x" * 256],
+    [
+        "../x",
+        "a/../../x",
+        "/etc/passwd",
+        "a//b",
+        "a/./b",
+        ".",
+        "..",
+        "a\x00b",
+        "a\\b",
+        "C:/x",
+        "c:",
+        "a/\n",
+        "",
+        "a/" + "x" * 256,
+    ],
 )
 def test_safe_relative_rejects(rel: str) -> None:
     with pytest.raises(UnsafePathError) as ei:
@@ -20,7 +34,9 @@ def test_safe_relative_rejects(rel: str) -> None:
 
 
 def test_safe_relative_accepts_nested_task_paths() -> None:
-    assert safe_relative("ebench/table_top/peg in hole/000") == PurePosixPath("ebench/table_top/peg in hole/000")
+    assert safe_relative("ebench/table_top/peg in hole/000") == PurePosixPath(
+        "ebench/table_top/peg in hole/000"
+    )
     assert safe_relative("a/<b>/c").parts == ("a", "<b>", "c")
 
 

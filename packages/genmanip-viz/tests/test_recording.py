@@ -10,8 +10,6 @@ import numpy as np
 import pytest
 from genmanip_protocol.errors import UnsafePayloadError
 from genmanip_protocol.results import load_episode
-from rerun.chunk import RrdReader
-
 from genmanip_viz.errors import RecordingBuildError
 from genmanip_viz.recording import (
     RRD_NAME,
@@ -21,6 +19,7 @@ from genmanip_viz.recording import (
     recording_is_fresh,
 )
 from genmanip_viz.testing import write_client_episode, write_client_run, write_server_run
+from rerun.chunk import RrdReader
 
 
 def _entities(rrd: Path) -> dict[str, int]:
@@ -35,13 +34,17 @@ def _entities(rrd: Path) -> dict[str, int]:
 
 
 def test_client_episode_recording(tmp_path: Path) -> None:
-    run = write_client_run(tmp_path, "b", "r", tasks={"t/lift": [1.0]}, steps=24, cameras=("left_camera", "top_camera"))
+    run = write_client_run(
+        tmp_path, "b", "r", tasks={"t/lift": [1.0]}, steps=24, cameras=("left_camera", "top_camera")
+    )
     ep = load_episode(run / "t/lift/0")
     out = build_recording(ep)
     assert out == run / "t/lift/0" / RRD_NAME and out.read_bytes()[:4] == b"RRF2"
     ents = _entities(out)
     assert ents["/cameras/left_camera"] == 24 and ents["/cameras/top_camera"] == 24
-    assert ents["/state/joints"] == 24 and ents["/state/gripper"] == 24 and ents["/action/arm"] == 24
+    assert (
+        ents["/state/joints"] == 24 and ents["/state/gripper"] == 24 and ents["/action/arm"] == 24
+    )
     assert "/instruction" in ents and "/result" in ents
     assert "/action/base_motion" in ents  # lift2 is dual-arm with a mobile base
     # the recording holds each mp4 once plus small series, not decoded frames
@@ -148,12 +151,25 @@ def test_mp4v_server_video_is_transcoded_for_the_browser(tmp_path: Path) -> None
 
     from genmanip_protocol.video import ffmpeg_executable, video_info
 
-    run = write_server_run(tmp_path, "ebench", "s1", tasks={"ebench/k/open": [1.0]}, steps=10, cameras=("left_camera",))
+    run = write_server_run(
+        tmp_path, "ebench", "s1", tasks={"ebench/k/open": [1.0]}, steps=10, cameras=("left_camera",)
+    )
     ep_dir = run / "ebench/k/open/0"
     src = ep_dir / "left_camera.mp4"
     tmp = ep_dir / "tmp.mp4"
     subprocess.run(
-        [ffmpeg_executable(), "-nostdin", "-loglevel", "error", "-y", "-i", str(src), "-c:v", "mpeg4", str(tmp)],
+        [
+            ffmpeg_executable(),
+            "-nostdin",
+            "-loglevel",
+            "error",
+            "-y",
+            "-i",
+            str(src),
+            "-c:v",
+            "mpeg4",
+            str(tmp),
+        ],
         check=True,
     )
     tmp.replace(src)

@@ -9,7 +9,6 @@ from urllib.parse import quote
 
 import pytest
 import requests
-
 from genmanip_viz.errors import PortInUseError
 from genmanip_viz.server import VizServer, bind_socket
 
@@ -31,7 +30,9 @@ def _raw_get(server: VizServer, path: str, host: str | None = None) -> tuple[int
 
 def _keys(server: VizServer) -> dict[str, str]:
     html = requests.get(server.base_url + "/", timeout=30).text
-    return {m.group(2): m.group(1) for m in re.finditer(r'href="/run/([0-9a-f]{12})">([^<]+)</a>', html)}
+    return {
+        m.group(2): m.group(1) for m in re.finditer(r'href="/run/([0-9a-f]{12})">([^<]+)</a>', html)
+    }
 
 
 def test_runs_page_lists_both_layouts_escaped(server: VizServer) -> None:
@@ -57,10 +58,17 @@ def test_run_page_tables_dots_failures_and_compare(server: VizServer) -> None:
     fail = requests.get(f"{server.base_url}/run/{keys['run_a']}?failures=1", timeout=30).text
     # failures: lift seed 2 (score 0) and push seed 0 (score 0.5)
     assert fail.count('class="dot ') == 2
-    cmp = requests.get(f"{server.base_url}/run/{keys['run_a']}?compare={keys['run_b']}", timeout=30).text
+    cmp = requests.get(
+        f"{server.base_url}/run/{keys['run_a']}?compare={keys['run_b']}", timeout=30
+    ).text
     assert "4 shared episodes" in cmp
     assert "+100.0 pp" in cmp and "Flipped seeds (3)" in cmp
-    assert requests.get(f"{server.base_url}/run/{keys['run_a']}?compare=ffffffffffff", timeout=30).status_code == 404
+    assert (
+        requests.get(
+            f"{server.base_url}/run/{keys['run_a']}?compare=ffffffffffff", timeout=30
+        ).status_code
+        == 404
+    )
 
 
 @pytest.mark.slow
@@ -69,7 +77,10 @@ def test_episode_page_and_recording(server: VizServer) -> None:
     url = f"{server.base_url}/episode/{keys['run_a']}/{quote(XSS_TASK)}/0"
     r = requests.get(url, timeout=30)
     assert r.status_code == 200
-    assert "<script>alert(" not in r.text and "&lt;/script&gt;&lt;script&gt;alert(&#x27;instr&#x27;)" in r.text
+    assert (
+        "<script>alert(" not in r.text
+        and "&lt;/script&gt;&lt;script&gt;alert(&#x27;instr&#x27;)" in r.text
+    )
     assert "<img src=x" not in r.text
     rrd = re.search(r'data-rrd="([^"]+)"', r.text)
     assert rrd is not None
@@ -77,7 +88,9 @@ def test_episode_page_and_recording(server: VizServer) -> None:
     assert rrd_url.endswith("/recording.rrd")
     got = requests.get(server.base_url + rrd_url, timeout=120)
     assert got.status_code == 200 and got.content[:4] == b"RRF2"
-    lift = requests.get(f"{server.base_url}/episode/{keys['run_a']}/ebench/table/lift/1", timeout=30).text
+    lift = requests.get(
+        f"{server.base_url}/episode/{keys['run_a']}/ebench/table/lift/1", timeout=30
+    ).text
     assert 'id="prev"' in lift and 'id="next"' in lift
     assert f"/episode/{keys['run_a']}/ebench/table/lift/0" in lift
     assert f"/episode/{keys['run_a']}/ebench/table/lift/2" in lift
@@ -123,8 +136,13 @@ def test_symlink_out_of_root_is_not_served(tree: Path, viz_cache: Path, tmp_path
         with VizServer(tree, cache_dir=viz_cache) as s:
             s.app.state.viz.index.wait_for_scan()  # type: ignore[attr-defined]
             k = _keys(s)["srv_run"]
-            assert requests.get(f"{s.base_url}/live/{k}/1/stolen.jpg", timeout=30).status_code == 404
-            assert requests.get(f"{s.base_url}/live/{k}/evil/stolen.jpg", timeout=30).status_code == 404
+            assert (
+                requests.get(f"{s.base_url}/live/{k}/1/stolen.jpg", timeout=30).status_code == 404
+            )
+            assert (
+                requests.get(f"{s.base_url}/live/{k}/evil/stolen.jpg", timeout=30).status_code
+                == 404
+            )
             ok = requests.get(f"{s.base_url}/live/{k}/1/left_camera.jpg", timeout=30)
             assert ok.status_code == 200 and ok.content[:2] == b"\xff\xd8"
     finally:
@@ -136,7 +154,11 @@ def test_live_page_and_endpoints(server: VizServer) -> None:
     k = _keys(server)["srv_run"]
     page = requests.get(f"{server.base_url}/live/{k}", timeout=30)
     assert page.status_code == 200
-    assert 'data-src="/live/' in page.text and "left_camera.jpg" in page.text and "top_camera.jpg" in page.text
+    assert (
+        'data-src="/live/' in page.text
+        and "left_camera.jpg" in page.text
+        and "top_camera.jpg" in page.text
+    )
     st = requests.get(f"{server.base_url}/live/{k}/1/state.json", timeout=30)
     assert st.status_code == 200 and st.json()["step"] == 7
     assert st.json()["instruction"] == XSS_INSTRUCTION  # JSON data, rendered via textContent
@@ -150,8 +172,12 @@ def test_live_page_and_endpoints(server: VizServer) -> None:
 def test_only_get_and_no_cors(server: VizServer) -> None:
     r = requests.post(server.base_url + "/", data=b"x", timeout=30)
     assert r.status_code == 405
-    r = requests.options(server.base_url + "/", headers={"Origin": "http://evil.example"}, timeout=30)
-    assert r.status_code == 405 and "access-control-allow-origin" not in {k.lower() for k in r.headers}
+    r = requests.options(
+        server.base_url + "/", headers={"Origin": "http://evil.example"}, timeout=30
+    )
+    assert r.status_code == 405 and "access-control-allow-origin" not in {
+        k.lower() for k in r.headers
+    }
     r = requests.get(server.base_url + "/", headers={"Origin": "http://evil.example"}, timeout=30)
     assert "access-control-allow-origin" not in {k.lower() for k in r.headers}
 
@@ -170,7 +196,9 @@ def test_token_cookie_flow(tree: Path, viz_cache: Path) -> None:
         assert r.status_code == 401 and "s3cret-tok" not in r.text
         assert requests.get(base + "/?access_token=wrong", timeout=30).status_code == 401
         sess = requests.Session()
-        r = sess.get(base + "/run/x?access_token=s3cret-tok&failures=1", timeout=30, allow_redirects=False)
+        r = sess.get(
+            base + "/run/x?access_token=s3cret-tok&failures=1", timeout=30, allow_redirects=False
+        )
         assert r.status_code == 303 and r.headers["location"] == "/run/x?failures=1"
         cookie = r.headers["set-cookie"]
         assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
@@ -192,7 +220,10 @@ def test_viewer_assets_served_offline(server: VizServer) -> None:
     assert "connect-src 'self'" in r.headers["content-security-policy"]
     w = requests.get(server.base_url + "/viewer/re_viewer_bg.wasm", timeout=120, stream=True)
     assert w.status_code == 200 and w.headers["content-type"] == "application/wasm"
-    assert w.headers.get("content-encoding") == "gzip" and int(w.headers["rerun-final-length"]) > 1_000_000
+    assert (
+        w.headers.get("content-encoding") == "gzip"
+        and int(w.headers["rerun-final-length"]) > 1_000_000
+    )
     w.close()
     assert requests.get(server.base_url + "/viewer/sw.js", timeout=30).status_code == 404
 

@@ -251,11 +251,7 @@ def _fresh_locks(run_dir: Path, now: float) -> list[str]:
 
         for lock in read_locks(run_dir, now=now, stale_after=LOCK_STALE_S):
             if not lock.stale:
-                out.append(
-                    str(Path(lock.path).relative_to(run_dir))
-                    if Path(lock.path).is_absolute()
-                    else str(lock.path)
-                )
+                out.append(os.path.relpath(lock.path, run_dir))
     except GenmanipError:
         pass
     # Independent of the JSON content: a lock file touched recently is live, whatever it says.
@@ -265,7 +261,7 @@ def _fresh_locks(run_dir: Path, now: float) -> list[str]:
                 st = p.lstat()
             except OSError:
                 continue
-            rel = str(p.relative_to(run_dir))
+            rel = os.path.relpath(p, run_dir)
             if now - st.st_mtime < LOCK_STALE_S and rel not in out:
                 seed_done = (p.parent / p.name[: -len(".lock")] / "result_info.json").exists()
                 if not seed_done:

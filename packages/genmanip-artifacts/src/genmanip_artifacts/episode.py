@@ -172,7 +172,11 @@ def _check_state_dims(robot: RobotSpec, state: dict[str, np.ndarray], src: str) 
 # ---------------------------------------------------------------- client layout: steps.jsonl
 
 
-def _read_steps_jsonl(steps_file: Path) -> list[tuple[int, dict[str, Any]]]:
+def _read_steps_jsonl(
+    steps_file: Path, *, recording: bool, warnings: list[str]
+) -> list[tuple[int, dict[str, Any]]]:
+    """Rows with their line numbers. While an episode is still ``recording`` (``INCOMPLETE``), a
+    last line without its newline is a row being written: skipped with a warning, not an error."""
     try:
         text = steps_file.read_text(encoding="utf-8")
     except OSError as exc:
@@ -180,7 +184,11 @@ def _read_steps_jsonl(steps_file: Path) -> list[tuple[int, dict[str, Any]]]:
     except UnicodeDecodeError as exc:
         raise ValueError(f"{steps_file.name}: not UTF-8 text ({exc.reason})") from exc
     rows: list[tuple[int, dict[str, Any]]] = []
-    for ln, line in enumerate(text.splitlines(), start=1):
+    lines = text.splitlines()
+    if recording and lines and not text.endswith("\n"):
+        warnings.append(f"{steps_file.name}:{len(lines)}: row still being written; ignored")
+        lines.pop()
+    for ln, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
@@ -208,6 +216,8 @@ def _int_field(
 
 def _series_from_steps(
     steps_file: Path,
+    *,
+    recording: bool = False,
 ) -> tuple[
     str | None,
     np.ndarray,
@@ -222,7 +232,8 @@ def _series_from_steps(
     list[str],
 ]:
     name = steps_file.name
-    rows = _read_steps_jsonl(steps_file)
+    warnings: list[str] = []
+    rows = _read_steps_jsonl(steps_file, recording=recording, warnings=warnings)
     robot_id: str | None = None
     seen_steps: dict[int, int] = {}
     frame_ts: dict[int, int] = {}
@@ -338,7 +349,7 @@ def _series_from_steps(
         base,
         _flag(base_is_rel),
         frame_ts,
-        [],
+        warnings,
     )
 
 
@@ -486,7 +497,7 @@ def load_series(ep_dir: Path | str) -> EpisodeSeries:
                 base_is_rel,
                 frame_ts,
                 warnings,
-            ) = _series_from_steps(info.steps_file)
+            ) = _series_from_steps(info.steps_file, recording=(ep_dir / "INCOMPLETE").exists())
             # result.json (read by the results discovery) carries the instruction.
             instruction = info.instruction
             robot_id = robot_id or info.robot_id

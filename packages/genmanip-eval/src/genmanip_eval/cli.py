@@ -132,7 +132,7 @@ def evaluate(cfg: EvalConfig, console: Console, *, label: str = "eval") -> RunSu
     try:
         with EvalClient(cfg.url, cfg.worker_ids, cfg.run_id, cfg.token, kill_on_close=False,
                         ca_file=cfg.ca_file) as probe:
-            total = probe.status().get("total_episodes") or None
+            total = probe.status(retry=False).get("total_episodes") or None
             if cfg.max_episodes is not None:
                 total = min(total, cfg.max_episodes) if total else cfg.max_episodes
     except GenmanipError as exc:

@@ -511,10 +511,10 @@ class EvalClient:
             "/kill", {"data": {"worker_ids": ids}}, timeout_key="kill", retry=True
         )
 
-    def status(self, refresh: bool = False) -> dict[str, Any]:
-        """``GET /status`` (JSON ``data`` object as the server sent it)."""
+    def status(self, refresh: bool = False, *, retry: bool = True) -> dict[str, Any]:
+        """``GET /status`` (the JSON ``data`` object as the server sent it; retried when safe)."""
         payload = self._json_call(
-            "/status", {"refresh": "1"} if refresh else {}, method="GET", timeout_key="status", retry=True
+            "/status", {"refresh": "1"} if refresh else {}, method="GET", timeout_key="status", retry=retry
         )
         if not isinstance(payload, dict) or not isinstance(payload.get("data"), dict):
             raise ResponseError(_violation("GET /status.data", "a JSON object", repr(payload)[:80]))

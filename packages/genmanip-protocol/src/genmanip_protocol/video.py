@@ -130,11 +130,14 @@ def _x264_output(
     }
     if threads is not None:
         kwargs["threads"] = threads
-    return (
-        stream.output(target, **kwargs)
-        .global_args("-nostdin", "-loglevel", "error")
-        .overwrite_output()
-    )
+    return stream.output(target, **kwargs)
+
+
+def _compile(node: Any) -> list[str]:
+    # Global options go first: ffmpeg treats options after the last output as trailing ("may be
+    # ignored"), which is where ffmpeg-python's global_args() would put them.
+    args: list[str] = node.compile(cmd=ffmpeg_executable())
+    return [args[0], "-nostdin", "-hide_banner", "-loglevel", "error", "-y", *args[1:]]
 
 
 def _check_params(fps: float, crf: int, preset: str) -> None:
@@ -267,9 +270,9 @@ class VideoWriter:
             s=f"{self.width}x{self.height}",
             framerate=fps,
         )
-        args = _x264_output(
-            ff, stream, str(self.part), crf=crf, preset=preset, threads=threads
-        ).compile(cmd=ffmpeg_executable())
+        args = _compile(
+            _x264_output(ff, stream, str(self.part), crf=crf, preset=preset, threads=threads)
+        )
         self._proc = _FfmpegProcess(args, nice=nice)
 
     def __enter__(self) -> VideoWriter:
@@ -383,9 +386,7 @@ def transcode_jpegs(
         return 0
     ff = _ffmpeg_module()
     stream = ff.input("pipe:", format="image2pipe", vcodec="mjpeg", framerate=fps)
-    args = _x264_output(ff, stream, str(part), crf=crf, preset=preset, threads=threads).compile(
-        cmd=ffmpeg_executable()
-    )
+    args = _compile(_x264_output(ff, stream, str(part), crf=crf, preset=preset, threads=threads))
     proc = _FfmpegProcess(args, nice=nice)
     n = 0
     try:

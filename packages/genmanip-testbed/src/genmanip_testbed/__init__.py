@@ -8,7 +8,13 @@ the genmanip-eval policy interface.
 from __future__ import annotations
 
 from .__about__ import __version__
-from .errors import FaultSpecError, GenmanipTestbedError, ServerStartError, UnknownConfigError
+from .errors import (
+    FaultSpecError,
+    GenmanipTestbedError,
+    OptionError,
+    ServerStartError,
+    UnknownConfigError,
+)
 from .faults import FaultSpec, parse_fault_spec
 from .policies import ExpertPolicy, ZeroPolicy, expert_policy, zero_policy
 from .server import LocalServer, ServerHandle, ServerOptions, serve_testbed
@@ -26,6 +32,7 @@ __all__ = [
     "FaultSpecError",
     "GenmanipTestbedError",
     "LocalServer",
+    "OptionError",
     "ServerHandle",
     "ServerOptions",
     "ServerStartError",

@@ -32,6 +32,7 @@ from genmanip_protocol.codec import (
 from genmanip_protocol.errors import DecodeError
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Mount, Route
@@ -149,14 +150,19 @@ class _PartsResponse(Response):
         self.background = None
         self.body = b""
         total = sum(memoryview(p).nbytes for p in self.parts)
-        self.raw_headers = [(b"content-type", media_type.encode()), (b"content-length", str(total).encode())]
+        self.raw_headers = [
+            (b"content-type", media_type.encode()),
+            (b"content-length", str(total).encode()),
+        ]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
         if not self.parts:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         for i, part in enumerate(self.parts):
-            await send({"type": "http.response.body", "body": part, "more_body": i < len(self.parts) - 1})
+            await send(
+                {"type": "http.response.body", "body": part, "more_body": i < len(self.parts) - 1}
+            )
 
 
 class _Handlers:
@@ -617,5 +623,13 @@ def build_asgi_app(
     online = eval_routes(h) + list(online_routes or [])
     routes.append(Mount("/online/{task_id}", routes=online))
     routes.extend(extra_routes or [])
-    app = Starlette(routes=routes)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        # FastAPI's shape for unknown routes and wrong methods: {"detail": "Not Found"}.
+        code = int(getattr(exc, "status_code", 500))
+        return JSONResponse(
+            {"detail": str(getattr(exc, "detail", "Internal Server Error"))}, status_code=code
+        )
+
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
     return _Outer(_Auth(_Faults(app, server), server), server)

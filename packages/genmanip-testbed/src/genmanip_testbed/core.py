@@ -614,7 +614,9 @@ class EvalCore:
     def _record_frames(self, w: _Worker, obs: dict[str, Any]) -> None:
         for key, val in obs.items():
             if key.startswith("video.") and isinstance(val, np.ndarray):
-                w.frames.setdefault(key, []).append(self._record_pool.submit(self._encode_frame, val))
+                w.frames.setdefault(key, []).append(
+                    self._record_pool.submit(self._encode_frame, val)
+                )
 
     def _end_episode(self, w: _Worker) -> dict[str, Any]:
         ep = w.episode

@@ -7,6 +7,7 @@ from genmanip_protocol.errors import ExitCode, GenmanipError
 __all__ = [
     "FaultSpecError",
     "GenmanipTestbedError",
+    "OptionError",
     "ServerStartError",
     "UnknownConfigError",
 ]
@@ -22,10 +23,14 @@ class FaultSpecError(GenmanipTestbedError):
     exit_code = ExitCode.USAGE
 
 
-class UnknownConfigError(GenmanipTestbedError):
-    """A task config name (``--tasks``) is not one of the testbed's task sets."""
+class OptionError(GenmanipTestbedError):
+    """A testbed option is invalid (wire, run id, ...); the message names it."""
 
     exit_code = ExitCode.USAGE
+
+
+class UnknownConfigError(OptionError):
+    """A task config name (``--tasks``) is not one of the testbed's task sets."""
 
 
 class ServerStartError(GenmanipTestbedError):

@@ -94,6 +94,24 @@ class SceneView:
         ).tobytes()
 
 
+_PLAIN: dict[tuple[tuple[int, ...], bytes], np.ndarray] = {}
+_PLAIN_LOCK = threading.Lock()
+
+
+def _plain(shape: tuple[int, int, int], rgb: np.ndarray) -> np.ndarray:
+    """A read-only image of one colour. Copying it is several times faster than filling a
+    3-channel image by broadcasting (numpy's inner loop over 3 bytes is slow)."""
+    key = (tuple(shape), bytes(rgb))
+    with _PLAIN_LOCK:
+        img = _PLAIN.get(key)
+        if img is None:
+            img = np.empty(shape, dtype=np.uint8)
+            img.reshape(-1, 3)[:] = rgb
+            img.flags.writeable = False
+            _PLAIN[key] = img
+        return img
+
+
 def _fill(img: np.ndarray, r0: float, r1: float, c0: float, c1: float, rgb: Any) -> None:  # noqa: PLR0917
     h, w = img.shape[:2]
     a, b = max(int(r0), 0), min(int(r1), h)
@@ -105,7 +123,7 @@ def _fill(img: np.ndarray, r0: float, r1: float, c0: float, c1: float, rgb: Any)
 def _segment(
     img: np.ndarray, p0: tuple[float, float], p1: tuple[float, float], thick: float, rgb: Any
 ) -> None:
-    n = int(max(abs(p1[0] - p0[0]), abs(p1[1] - p0[1])) / max(thick * 0.7, 1.0)) + 2
+    n = int(max(abs(p1[0] - p0[0]), abs(p1[1] - p0[1])) / max(thick * 0.9, 1.0)) + 2
     half = thick / 2
     for t in np.linspace(0.0, 1.0, n):
         r = p0[0] + (p1[0] - p0[0]) * t
@@ -188,7 +206,6 @@ class Renderer:
         self.cache = cache
         self.salt = salt
         self._bg: dict[tuple[str, tuple[int, int, int]], np.ndarray] = {}
-        self._texture: np.ndarray | None = None
         self._lock = threading.Lock()
         self.rendered = 0
 
@@ -196,16 +213,14 @@ class Renderer:
     def _top_bg(self, shape: tuple[int, int, int]) -> np.ndarray:
         h, w = shape[:2]
         res = TOP_X_SPAN / h
-        img = np.empty(shape, dtype=np.uint8)
-        img[:] = _TABLE
-        # No grid: flat regions keep JPEG encoding cheap.
+        img = _plain(shape, _TABLE).copy()  # flat regions keep JPEG encoding cheap
         # Table edge near the robot (x < 0): floor.
         _fill(img, (TOP_X_MAX - 0.0) / res, h, 0, w, _FLOOR)
         for pos, rgb in self.distractors:
             r, c = self._top_px(pos, shape)
             half = _DISTRACTOR_HALF / res
             _fill(img, r - half, r + half, c - half, c + half, rgb)
-        return img
+        return np.asarray(img)
 
     @staticmethod
     def _top_px(p: np.ndarray, shape: tuple[int, ...]) -> tuple[float, float]:
@@ -233,17 +248,6 @@ class Renderer:
             half = _DISTRACTOR_HALF * w / 2.4
             _fill(img, r - half, r + half, c - half, c + half, rgb)
         return img
-
-    def _wrist_texture(self) -> np.ndarray:
-        # 2 mm/px over x in [-0.3, 1.2], y in [-1, 1]: rows from x=1.2 down, cols from y=+1.
-        tex = np.empty((750, 1000, 3), dtype=np.uint8)
-        tex[:] = _TABLE
-        tex[int((1.2 - 0.0) / 0.002) :, :] = _FLOOR
-        for pos, rgb in self.distractors:
-            r, c = (1.2 - pos[0]) / 0.002, (1.0 - pos[1]) / 0.002
-            half = _DISTRACTOR_HALF / 0.002
-            _fill(tex, r - half, r + half, c - half, c + half, rgb)
-        return tex
 
     def _background(self, kind: str, shape: tuple[int, int, int]) -> np.ndarray:
         with self._lock:
@@ -312,26 +316,20 @@ class Renderer:
         return np.asarray(img)
 
     def _draw_wrist(self, shape: tuple[int, int, int], v: SceneView, arm: int) -> np.ndarray:
-        with self._lock:
-            if self._texture is None:
-                self._texture = self._wrist_texture()
-            tex = self._texture
+        # The table is flat and everything on it is an axis-aligned block, so the wrist view is
+        # drawn directly (a fill and a few rectangles) instead of resampling a texture.
         h, w = shape[:2]
         ee = v.ee_world[arm]
         hw = 0.06 + 0.5 * max(float(ee[2]), 0.0)  # half the field width at table level, m
         res = 2 * hw / w
-        # Sample the texture on a 4x coarser grid, then repeat: nearest-neighbour zoom at a
-        # fraction of the cost of a full-size gather.
-        f = 4
-        hs, ws = -(-h // f), -(-w // f)
-        xs = ee[0] + (h / 2 - (np.arange(hs) + 0.5) * f) * res
-        ys = ee[1] + (w / 2 - (np.arange(ws) + 0.5) * f) * res
-        ri = np.clip(((1.2 - xs) / 0.002).astype(np.intp), 0, tex.shape[0] - 1)
-        ci = np.clip(((1.0 - ys) / 0.002).astype(np.intp), 0, tex.shape[1] - 1)
-        small = tex[ri[:, None], ci[None, :]]
-        img = np.repeat(np.repeat(small, f, axis=0), f, axis=1)[:h, :w]
-        if img.shape[:2] != (h, w) or not img.flags.c_contiguous:
-            img = np.ascontiguousarray(img)
+        img = _plain(shape, _TABLE).copy()
+        floor_row = h / 2 - (0.0 - ee[0]) / res  # rows below x = 0 show the floor
+        _fill(img, floor_row, h, 0, w, _FLOOR)
+        for pos, rgb in self.distractors:
+            dr = h / 2 - (pos[0] - ee[0]) / res
+            dc = w / 2 - (pos[1] - ee[1]) / res
+            dh = _DISTRACTOR_HALF / res
+            _fill(img, dr - dh, dr + dh, dc - dh, dc + dh, rgb)
         half = _BLOCK_HALF / res
         tr = h / 2 - (v.target[0] - ee[0]) / res
         tc = w / 2 - (v.target[1] - ee[1]) / res
@@ -341,4 +339,4 @@ class Renderer:
         fw = w * 0.06
         _fill(img, h * 0.7, h, w / 2 - gap - fw, w / 2 - gap, _BODY)
         _fill(img, h * 0.7, h, w / 2 + gap, w / 2 + gap + fw, _BODY)
-        return img
+        return np.asarray(img)

@@ -19,7 +19,7 @@ from starlette.types import ASGIApp
 
 from .app import build_asgi_app
 from .core import CoreConfig, EvalCore
-from .errors import ServerStartError, UnknownConfigError
+from .errors import OptionError, ServerStartError, UnknownConfigError
 from .faults import FaultSpec, FaultState
 from .hosted import HostedServices
 from .stats import Stats
@@ -64,7 +64,7 @@ class ServerOptions:
 
     def __post_init__(self) -> None:
         if self.wire not in _WIRES:
-            raise ValueError(f"wire: expected one of {', '.join(_WIRES)}, got {self.wire!r}")
+            raise OptionError(f"wire: expected one of {', '.join(_WIRES)}, got {self.wire!r}")
         if self.online_token is None:
             self.online_token = self.token
         if self.leaderboard_token is None:
@@ -114,7 +114,11 @@ class LocalServer:
         self.faults = FaultState(FaultSpec.coerce(faults))
         self.core = EvalCore(options.core_config(), stats=self.stats, faults=self.faults)
         if options.job:
-            self.core.start_new_job(list(options.tasks), options.run_id)
+            try:
+                self.core.start_new_job(list(options.tasks), options.run_id)
+            except ValueError as e:
+                self.core.close()
+                raise OptionError(f"run_id {options.run_id!r}: {e}") from None
         self.hosted = HostedServices(self)
         self.app: ASGIApp = build_asgi_app(self, self.hosted.routes(), self.hosted.online_routes())
 

@@ -52,7 +52,9 @@ def serve(args: argparse.Namespace) -> int:
     server = VizServer(
         root,
         host=host,
-        port=int(getattr(args, "port", 55077) if getattr(args, "port", None) is not None else 55077),
+        port=int(
+            getattr(args, "port", 55077) if getattr(args, "port", None) is not None else 55077
+        ),
         https=https,
         token=token,
         workers=int(getattr(args, "jobs", None) or 2),
@@ -99,7 +101,11 @@ def build(args: argparse.Namespace) -> int:
         )
     run = load_run(run_dir)
     episodes = [e for e in run.episodes if e.complete and e.videos]
-    todo = [e for e in episodes if not recording_is_fresh(e) and not (Path(e.path) / "episode.rrd").is_file()]
+    todo = [
+        e
+        for e in episodes
+        if not recording_is_fresh(e) and not (Path(e.path) / "episode.rrd").is_file()
+    ]
     jobs = getattr(args, "jobs", None) or min(2, os.cpu_count() or 1)
     if jobs < 1:
         raise NoRunError("--jobs: must be >= 1")

@@ -21,6 +21,7 @@ from typing import Any
 from genmanip_protocol.results import EpisodeInfo, RunInfo, RunScanner
 from genmanip_protocol.stats import wilson_interval
 
+from .errors import UnsafePathError
 from .paths import is_within, safe_component
 
 __all__ = [
@@ -71,9 +72,7 @@ def group_stats(episodes: Sequence[EpisodeInfo]) -> GroupStats:
     done = [e for e in episodes if e.complete]
     n = len(done)
     succ = sum(1 for e in done if e.success)
-    scores = [
-        float(e.score) for e in done if e.score is not None and math.isfinite(float(e.score))
-    ]
+    scores = [float(e.score) for e in done if e.score is not None and math.isfinite(float(e.score))]
     return GroupStats(
         n=n,
         successes=succ,
@@ -109,8 +108,8 @@ def live_workers(run_dir: Path, *, now: float | None = None) -> list[LiveWorker]
     for wdir in entries:
         try:
             safe_component(wdir.name, field="worker_id")
-        except Exception:
-            continue
+        except UnsafePathError:
+            continue  # a hostile or foreign name is not a worker: skip it
         if not wdir.is_dir() or not is_within(wdir, run_dir):
             continue
         state: dict[str, Any] = {}
@@ -127,8 +126,8 @@ def live_workers(run_dir: Path, *, now: float | None = None) -> list[LiveWorker]
         for f in sorted(wdir.glob("*.jpg")):
             try:
                 safe_component(f.stem, field="camera")
-            except Exception:
-                continue
+            except UnsafePathError:
+                continue  # not a camera name we serve
             cams.append(f.stem)
             try:
                 updated = max(updated, f.stat().st_mtime)
@@ -302,7 +301,12 @@ class ResultsIndex:
         self.request_scan()
         with self._cond:
             while time.monotonic() - start < timeout:
-                if self._snap is not None and self._snap.scanned_at >= start and not self._want and not self._busy:
+                if (
+                    self._snap is not None
+                    and self._snap.scanned_at >= start
+                    and not self._want
+                    and not self._busy
+                ):
                     return self._snap
                 self._cond.wait(0.05)
             return self._snap
@@ -325,7 +329,9 @@ class Comparison:
 
 def compare_runs(a: RunView, b: RunView) -> Comparison:
     """Paired comparison of two runs on shared seeds (see :class:`Comparison`)."""
-    keys = [k for k in a.order if k in b.episodes and a.episodes[k].complete and b.episodes[k].complete]
+    keys = [
+        k for k in a.order if k in b.episodes and a.episodes[k].complete and b.episodes[k].complete
+    ]
     by_task: dict[str, list[tuple[bool, bool]]] = {}
     flipped: list[tuple[str, str, bool, bool]] = []
     for k in keys:

@@ -29,6 +29,9 @@ __all__ = [
 ]
 
 
+_DASH = "\u2013"  # shown for missing values
+
+
 def esc(value: object) -> str:
     """HTML-escape ``str(value)`` for text and double-quoted attribute positions."""
     return html.escape("" if value is None else str(value), quote=True)
@@ -44,24 +47,24 @@ def episode_url(view: RunView, rel: str) -> str:
 
 
 def _pct(x: float | None) -> str:
-    return "–" if x is None else f"{100.0 * x:.1f}%"
+    return _DASH if x is None else f"{100.0 * x:.1f}%"
 
 
 def _num(x: float | None, digits: int = 3) -> str:
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return "–"
+        return _DASH
     return f"{x:.{digits}f}"
 
 
 def _when(ts: float | None) -> str:
     if not ts:
-        return "–"
+        return _DASH
     return _dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M")
 
 
 def _sr_cell(st: GroupStats) -> str:
     if st.sr is None:
-        return '<td class="num" data-v="-1">–</td>'
+        return f'<td class="num" data-v="-1">{_DASH}</td>'
     lo, hi = st.ci
     return (
         f'<td class="num" data-v="{st.sr:.6f}"><b>{_pct(st.sr)}</b>'
@@ -75,7 +78,7 @@ def _layout(title: str, body: str, *, crumbs: Sequence[tuple[str, str | None]] =
         for label, href in crumbs
     )
     return (
-        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{esc(title)} · gmp viz</title>"
         '<link rel="stylesheet" href="/static/app.css">'
@@ -108,7 +111,13 @@ def runs_page(snap: Snapshot, root_label: str) -> str:
         eps = f"{st.n}" + (f" / {total}" if total else "")
         workers = ""
         if v.live:
-            ids = sorted({str(lk.worker_id) for lk in info.locks if not lk.stale and lk.worker_id is not None})
+            ids = sorted(
+                {
+                    str(lk.worker_id)
+                    for lk in info.locks
+                    if not lk.stale and lk.worker_id is not None
+                }
+            )
             workers = (
                 '<span class="live" title="active: fresh locks or live frames">live</span>'
                 + (f' <span class="muted">workers {esc(", ".join(ids))}</span>' if ids else "")
@@ -127,7 +136,7 @@ def runs_page(snap: Snapshot, root_label: str) -> str:
         )
     if not rows:
         body = (
-            f"<h1>Runs</h1><p class=\"muted\">No runs found under <code>{esc(root_label)}</code>. "
+            f'<h1>Runs</h1><p class="muted">No runs found under <code>{esc(root_label)}</code>. '
             "Run <code>gmp demo</code> or <code>gmp eval</code> first, or pass <code>--root</code>.</p>"
         )
     else:
@@ -151,7 +160,7 @@ def _dot(view: RunView, ep: EpisodeInfo) -> str:
         s = ep.score if ep.score is not None else (1.0 if ep.success else 0.0)
         s = min(1.0, max(0.0, float(s))) if math.isfinite(float(s)) else 0.0
         # Ten score bands coloured by the stylesheet (the CSP allows no inline styles).
-        band = int(round(10 * s))
+        band = round(10 * s)
         cls = f"dot s{band} " + ("ok" if ep.success else "fail")
         label = f"score {_num(ep.score)}" + (" (success)" if ep.success else "")
     return (
@@ -191,7 +200,7 @@ def run_page(
         + (f" of {info.total_episodes}" if info.total_episodes else "")
         + f" · success rate <b>{_pct(st.sr)}</b> "
         f'<span class="ci">[{_pct(st.ci[0])}, {_pct(st.ci[1])}]</span> · mean score {_num(st.mean_score)}'
-        f' · layout {esc(info.layout)} · created {esc(_when(info.created))}</p>'
+        f" · layout {esc(info.layout)} · created {esc(_when(info.created))}</p>"
     )
     toggle_href = f"/run/{view.key}" + ("" if failures_only else "?failures=1")
     toggle = (
@@ -232,7 +241,7 @@ def run_page(
             continue
         parts.append(
             f'<h2>{esc(suite)} <span class="muted small">n {sst.n} · SR {_pct(sst.sr)} '
-            f'[{_pct(sst.ci[0])}, {_pct(sst.ci[1])}] · mean {_num(sst.mean_score)}</span></h2>'
+            f"[{_pct(sst.ci[0])}, {_pct(sst.ci[1])}] · mean {_num(sst.mean_score)}</span></h2>"
             '<table class="sortable"><thead><tr><th>task</th><th class="num">n</th>'
             '<th class="num">success rate [95% CI]</th><th class="num">mean score</th>'
             "<th>episodes</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>"
@@ -249,12 +258,14 @@ def run_page(
     )
     parts.append(
         '<h2>Compare</h2><form method="get" action="/run/' + view.key + '" class="compare">'
-        '<label>with run <select name="compare"><option value="">—</option>' + opts + "</select></label> "
+        '<label>with run <select name="compare"><option value="">—</option>'
+        + opts
+        + "</select></label> "
         '<button type="submit">compare on shared seeds</button></form>'
     )
     if comparison is not None:
         other, cmp = comparison
-        rows = "".join(
+        cmp_rows = "".join(
             f'<tr><td data-v="{esc(t)}">{esc(t)}</td><td class="num" data-v="{n}">{n}</td>'
             f'<td class="num" data-v="{a:.6f}">{_pct(a)}</td><td class="num" data-v="{b:.6f}">{_pct(b)}</td>'
             f'<td class="num {"pos" if d > 0 else "neg" if d < 0 else ""}" data-v="{d:.6f}">{100 * d:+.1f} pp</td></tr>'
@@ -262,7 +273,7 @@ def run_page(
         )
         flips = "".join(
             f'<li><a href="{esc(episode_url(view, f"{t}/{s}"))}">{esc(t)} seed {esc(s)}</a>: '
-            f'{"success" if sa else "failure"} → '
+            f"{'success' if sa else 'failure'} → "
             f'<a href="{esc(episode_url(other, f"{t}/{s}"))}">{"success" if sb else "failure"}</a></li>'
             for t, s, sa, sb in cmp.flipped
         )
@@ -271,8 +282,8 @@ def run_page(
             f"{esc(other.info.run_id)} {_pct(cmp.sr_b)}</p>"
             '<table class="sortable" id="compare"><thead><tr><th>task</th><th class="num">shared</th>'
             f'<th class="num">this run</th><th class="num">{esc(other.info.run_id)}</th>'
-            '<th class="num">delta</th></tr></thead><tbody>' + rows + "</tbody></table>"
-            f"<h3>Flipped seeds ({len(cmp.flipped)})</h3><ul class=\"flips\">{flips}</ul>"
+            '<th class="num">delta</th></tr></thead><tbody>' + cmp_rows + "</tbody></table>"
+            f'<h3>Flipped seeds ({len(cmp.flipped)})</h3><ul class="flips">{flips}</ul>'
         )
     return _layout(
         f"{info.benchmark}/{info.run_id}",
@@ -286,17 +297,21 @@ def episode_page(view: RunView, rel: str, ep: EpisodeInfo, *, instruction: str) 
     prev_rel, next_rel = view.neighbours(rel)
     links = []
     if prev_rel:
-        links.append(f'<a class="button" href="{esc(episode_url(view, prev_rel))}" id="prev">← previous</a>')
+        links.append(
+            f'<a class="button" href="{esc(episode_url(view, prev_rel))}" id="prev">← previous</a>'
+        )
     if next_rel:
-        links.append(f'<a class="button" href="{esc(episode_url(view, next_rel))}" id="next">next →</a>')
+        links.append(
+            f'<a class="button" href="{esc(episode_url(view, next_rel))}" id="next">next →</a>'
+        )
     outcome = "incomplete" if not ep.complete else ("success" if ep.success else "failure")
     rrd_url = f"/rrd/{view.key}/{_url_rel(rel)}/recording.rrd"
     body = (
         f'<div class="ephead"><div><h1>{esc(ep.task_name)} <span class="muted">seed {esc(ep.seed)}</span></h1>'
         f'<p class="instruction">{esc(instruction) or "<span class=muted>(no instruction recorded)</span>"}</p>'
         f'<p class="summary"><span class="badge {esc(outcome)}">{esc(outcome)}</span> score {_num(ep.score)}'
-        f" · steps {esc(ep.steps if ep.steps is not None else '–')}"
-        f" · cameras {esc(', '.join(sorted(ep.videos)) or '–')}</p></div>"
+        f" · steps {esc(ep.steps if ep.steps is not None else _DASH)}"
+        f" · cameras {esc(', '.join(sorted(ep.videos)) or _DASH)}</p></div>"
         f'<div class="links">{"".join(links)} <a class="button" href="{esc(rrd_url)}" download>download .rrd</a></div></div>'
         f'<iframe id="viewer" class="viewer" title="Rerun viewer" data-rrd="{esc(rrd_url)}"></iframe>'
     )
@@ -329,13 +344,17 @@ def live_page(view: RunView, workers: Sequence[LiveWorker], chosen: LiveWorker |
         )
         content = (
             f'<div id="live" data-state="{esc(base)}/state.json">'
-            '<p class="summary">step <b id="live-step">–</b> · episode <span id="live-episode">–</span>'
-            ' · running success rate <b id="live-sr">–</b> · updated <span id="live-updated">–</span></p>'
+            f'<p class="summary">step <b id="live-step">{_DASH}</b> · episode <span id="live-episode">{_DASH}</span>'
+            f' · running success rate <b id="live-sr">{_DASH}</b> · updated <span id="live-updated">{_DASH}</span></p>'
             '<p class="instruction" id="live-instruction"></p>'
             f'<div class="cams">{cams}</div></div>'
         )
     return _layout(
         f"live {view.info.run_id}",
         f"<h1>Live: {esc(view.info.benchmark)} / {esc(view.info.run_id)}</h1><p>{tabs}</p>{content}",
-        crumbs=[("runs", "/"), (f"{view.info.benchmark}/{view.info.run_id}", f"/run/{view.key}"), ("live", None)],
+        crumbs=[
+            ("runs", "/"),
+            (f"{view.info.benchmark}/{view.info.run_id}", f"/run/{view.key}"),
+            ("live", None),
+        ],
     )

@@ -12,7 +12,7 @@ from pathlib import Path, PurePosixPath
 
 from .errors import UnsafePathError
 
-__all__ = ["is_within", "safe_component", "safe_relative", "resolve_within"]
+__all__ = ["is_within", "resolve_within", "safe_component", "safe_relative"]
 
 _COMPONENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@+=-]{0,127}$")
 

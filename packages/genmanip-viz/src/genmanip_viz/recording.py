@@ -157,7 +157,9 @@ def _as_vector(value: Any) -> np.ndarray | None:
     return arr if arr.size else None
 
 
-def _stack(steps: Sequence[int], rows: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray] | None:
+def _stack(
+    steps: Sequence[int], rows: Sequence[np.ndarray]
+) -> tuple[np.ndarray, np.ndarray] | None:
     """Stack same-length vectors; rows whose length differs from the most common one are dropped."""
     if not rows:
         return None
@@ -178,15 +180,15 @@ def _load_client(episode: EpisodeInfo, data: EpisodeData) -> None:
     frame_idx: list[int] = []
     last_step = -1
     try:
-        fh = open(steps_file, encoding="utf-8")  # noqa: SIM115 - closed below
+        fh = open(steps_file, encoding="utf-8")
     except FileNotFoundError:
         fh = None
     except OSError as exc:
         raise RecordingBuildError(f"{steps_file}: cannot read ({exc})") from exc
     if fh is not None:
         with fh:
-            for lineno, line in enumerate(fh, 1):
-                line = line.strip()
+            for lineno, raw in enumerate(fh, 1):
+                line = raw.strip()
                 if not line:
                     continue
                 try:
@@ -274,7 +276,11 @@ def _load_server(episode: EpisodeInfo, data: EpisodeData) -> None:
     data.instruction = str(meta.get("instruction") or "")
     data.robot_id = str(meta.get("robot_id") or "")
     n = 0
-    for key, name in (("joint_positions", "joints"), ("gripper_positions", "gripper"), ("base_positions", "base")):
+    for key, name in (
+        ("joint_positions", "joints"),
+        ("gripper_positions", "gripper"),
+        ("base_positions", "base"),
+    ):
         seq = meta.get(key)
         if isinstance(seq, (list, tuple)) or (isinstance(seq, np.ndarray) and seq.ndim >= 1):
             vecs = [_as_vector(x) for x in seq]
@@ -420,11 +426,17 @@ def _write(data: EpisodeData, out: Path) -> None:
 
 def _write_in(data: EpisodeData, out: Path, tmpdir: Path) -> None:
     rr = _rerun()
-    rec = rr.RecordingStream("genmanip", recording_id=_recording_id(data.episode_id), send_properties=True)
+    rec = rr.RecordingStream(
+        "genmanip", recording_id=_recording_id(data.episode_id), send_properties=True
+    )
     rec.save(out, default_blueprint=_blueprint(data))
     try:
         rec.send_recording_name(data.episode_id)
-        rec.log("instruction", rr.TextDocument(data.instruction or "(no instruction recorded)"), static=True)
+        rec.log(
+            "instruction",
+            rr.TextDocument(data.instruction or "(no instruction recorded)"),
+            static=True,
+        )
         rec.log(
             "result",
             rr.TextDocument(_result_markdown(data), media_type=rr.MediaType.MARKDOWN),

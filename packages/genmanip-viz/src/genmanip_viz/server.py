@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import concurrent.futures.process
 import hmac
 import json
 import multiprocessing
@@ -123,7 +124,12 @@ class RecordingPool:
             fut = self._inflight.get(key)
             if fut is not None and not fut.done():
                 return fut
-            fut = self._pool().submit(_build_in_child, episode)
+            try:
+                fut = self._pool().submit(_build_in_child, episode)
+            except concurrent.futures.process.BrokenProcessPool:
+                # A child died (OOM, signal): start a fresh pool instead of failing forever.
+                self._executor = None
+                fut = self._pool().submit(_build_in_child, episode)
             self._inflight[key] = fut
 
         def _forget(f: concurrent.futures.Future[str], key: Path = key) -> None:
@@ -164,14 +170,24 @@ def _host_name(host_header: str) -> str:
 class SecurityMiddleware:
     """Host check, access token, security headers. Pure ASGI (no buffering of file responses)."""
 
-    def __init__(self, app: ASGIApp, *, token: str | None, loopback_only: bool, secure: bool, cookie_name: str) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        token: str | None,
+        loopback_only: bool,
+        secure: bool,
+        cookie_name: str,
+    ) -> None:
         self.app = app
         self.token = token
         self.loopback_only = loopback_only
         self.secure = secure
         self.cookie_name = cookie_name
 
-    async def _plain(self, send: Send, status: int, text: str, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    async def _plain(
+        self, send: Send, status: int, text: str, headers: list[tuple[bytes, bytes]] | None = None
+    ) -> None:
         body = pages.error_page(status, text).encode("utf-8")
         await send(
             {
@@ -203,7 +219,9 @@ class SecurityMiddleware:
     def _authorized(self, scope: Scope) -> bool:
         assert self.token is not None
         auth = _header(scope, b"authorization")
-        if auth.startswith("Bearer ") and hmac.compare_digest(auth[7:].encode(), self.token.encode()):
+        if auth.startswith("Bearer ") and hmac.compare_digest(
+            auth[7:].encode(), self.token.encode()
+        ):
             return True
         cookie = _header(scope, b"cookie")
         if cookie:
@@ -213,7 +231,9 @@ class SecurityMiddleware:
             except Exception:
                 return False
             morsel = jar.get(self.cookie_name)
-            if morsel is not None and hmac.compare_digest(morsel.value.encode(), self.token.encode()):
+            if morsel is not None and hmac.compare_digest(
+                morsel.value.encode(), self.token.encode()
+            ):
                 return True
         return False
 
@@ -233,7 +253,9 @@ class SecurityMiddleware:
             await self._plain(send, 421, "unexpected Host header; open the URL gmp viz printed")
             return
         if self.token is not None and not self._authorized(scope):
-            query = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+            query = parse_qsl(
+                scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True
+            )
             given = [v for k, v in query if k == "access_token"]
             if given and hmac.compare_digest(given[0].encode(), self.token.encode()):
                 # Move the token from the URL into a cookie and drop it from the address bar/history.
@@ -257,7 +279,11 @@ class SecurityMiddleware:
                 )
                 await send({"type": "http.response.body", "body": b""})
                 return
-            await self._plain(send, 401, "access token required: open the URL gmp viz printed (it carries the token)")
+            await self._plain(
+                send,
+                401,
+                "access token required: open the URL gmp viz printed (it carries the token)",
+            )
             return
 
         extra = self._security_headers(path.encode("latin-1", "replace"))
@@ -416,6 +442,11 @@ def create_app(
             return _not_found("episode")
         view, rel, ep = found
         instruction = await run_in_threadpool(_instruction, ep)
+        # Start building now: by the time the viewer has loaded and asks for the recording it is
+        # (nearly) ready. The /rrd request joins the same build.
+        if not (ep.layout == "server" and (Path(ep.path) / SERVER_RRD_NAME).is_file()):
+            if not await run_in_threadpool(recording_is_fresh, ep):
+                state.pool.submit(ep)
         return _html(pages.episode_page(view, rel, ep, instruction=instruction))
 
     async def rrd(request: Request) -> Response:
@@ -433,7 +464,8 @@ def create_app(
             path = recording_path(Path(ep.path))
         else:
             try:
-                path = Path(await asyncio.wrap_future(state.pool.submit(ep)))
+                built: str = await asyncio.wrap_future(state.pool.submit(ep))
+                path = Path(built)
             except RecordingBuildError as exc:
                 return _html(pages.error_page(500, f"cannot build the recording: {exc}"), 500)
         if not is_within(path, root):
@@ -462,7 +494,9 @@ def create_app(
             if "gzip" in request.headers.get("accept-encoding", ""):
                 headers["content-encoding"] = "gzip"
                 headers["vary"] = "Accept-Encoding"
-                return FileResponse(assets / (name + ".gz"), media_type="application/wasm", headers=headers)
+                return FileResponse(
+                    assets / (name + ".gz"), media_type="application/wasm", headers=headers
+                )
             return FileResponse(plain, media_type="application/wasm", headers=headers)
         media = {
             "index.html": "text/html; charset=utf-8",
@@ -471,7 +505,10 @@ def create_app(
         }[name]
         return FileResponse(assets / name, media_type=media, headers=headers)
 
-    static_files = {"app.css": "text/css; charset=utf-8", "app.js": "text/javascript; charset=utf-8"}
+    static_files = {
+        "app.css": "text/css; charset=utf-8",
+        "app.js": "text/javascript; charset=utf-8",
+    }
     static_cache: dict[str, bytes] = {}
 
     async def static(request: Request) -> Response:
@@ -479,8 +516,12 @@ def create_app(
         if name not in static_files:
             return _not_found("file")
         if name not in static_cache:
-            static_cache[name] = resources.files("genmanip_viz").joinpath("static", name).read_bytes()
-        return Response(static_cache[name], media_type=static_files[name], headers={"cache-control": "no-cache"})
+            static_cache[name] = (
+                resources.files("genmanip_viz").joinpath("static").joinpath(name).read_bytes()
+            )
+        return Response(
+            static_cache[name], media_type=static_files[name], headers={"cache-control": "no-cache"}
+        )
 
     async def live(request: Request) -> Response:
         snap = await run_in_threadpool(snapshot_or_scanning)
@@ -565,7 +606,9 @@ def create_app(
         state.pool.shutdown()
 
     app.state.shutdown = _shutdown
-    wrapped = SecurityMiddleware(app, token=token, loopback_only=loopback_only, secure=secure, cookie_name=cookie_name)
+    wrapped = SecurityMiddleware(
+        app, token=token, loopback_only=loopback_only, secure=secure, cookie_name=cookie_name
+    )
     wrapped.state = app.state  # type: ignore[attr-defined]
     return wrapped  # type: ignore[return-value]
 
@@ -657,7 +700,7 @@ class VizServer:
         host = self.host
         if self.loopback:
             host = "localhost" if host in ("127.0.0.1", "localhost", "::1") else host
-        elif host in ("0.0.0.0", "::"):
+        elif host in ("0.0.0.0", "::"):  # noqa: S104 - naming the wildcard bind, not binding
             host = socket.gethostname()
         if ":" in host:
             host = f"[{host}]"
@@ -677,7 +720,9 @@ class VizServer:
 
     def start(self) -> VizServer:
         """Serve on a daemon thread; returns when the server accepts connections."""
-        self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self._thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
+        )
         self._thread.start()
         deadline = time.monotonic() + 20
         while not self.server.started:
@@ -692,7 +737,7 @@ class VizServer:
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
-        self.app.state.shutdown()  # type: ignore[attr-defined]
+        self.app.state.shutdown()
         try:
             self.sock.close()
         except OSError:

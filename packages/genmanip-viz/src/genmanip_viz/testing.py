@@ -8,7 +8,9 @@ plus a ``.live/<worker>/`` directory as ``gmp eval --live-every`` writes it.
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 import os
 import pickle
 import time
@@ -29,9 +31,15 @@ __all__ = [
 LIFT2_CAMERAS = ("head_camera", "left_camera", "right_camera", "top_camera")
 
 
+@functools.lru_cache(maxsize=8)
+def _grid(height: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    y, x = np.mgrid[0:height, 0:width]
+    return y, x
+
+
 def synthetic_frame(i: int, width: int, height: int, seed: int = 0) -> np.ndarray:
     """A moving test pattern: frame ``i`` of a ``(height, width, 3)`` uint8 video."""
-    y, x = np.mgrid[0:height, 0:width]
+    y, x = _grid(height, width)
     img = np.empty((height, width, 3), np.uint8)
     img[..., 0] = ((x + 3 * i + seed * 17) % 256).astype(np.uint8)
     img[..., 1] = ((y + 2 * i) % 256).astype(np.uint8)
@@ -42,7 +50,11 @@ def synthetic_frame(i: int, width: int, height: int, seed: int = 0) -> np.ndarra
 
 
 def _write_videos(
-    ep: Path, cameras: Sequence[str] | Mapping[str, tuple[int, int]], n_frames: int, size: tuple[int, int], seed: int
+    ep: Path,
+    cameras: Sequence[str] | Mapping[str, tuple[int, int]],
+    n_frames: int,
+    size: tuple[int, int],
+    seed: int,
 ) -> None:
     """One mp4 per camera; ``cameras`` may map a camera to its own ``(width, height)``."""
     from genmanip_protocol.video import VideoWriter
@@ -104,7 +116,10 @@ def write_client_episode(
                 else None,
                 "action": {
                     "control_type": "joint_position",
-                    "action": [float(np.sin((s + 1) / 10 + j) + 0.01 * rng.standard_normal()) for j in range(16)],
+                    "action": [
+                        float(np.sin((s + 1) / 10 + j) + 0.01 * rng.standard_normal())
+                        for j in range(16)
+                    ],
                     "is_rel": False,
                     "base_motion": [0.0, 0.0, 0.0],
                     "base_is_rel": True,
@@ -169,8 +184,8 @@ def write_client_run(
     for task, scores in tasks.items():
         for i, score in enumerate(scores):
             write_client_episode(
-                run_dir, task, str(i), score=0.0 if score != score else score, steps=steps,
-                cameras=cameras, size=size, instruction=instruction, complete=score == score,
+                run_dir, task, str(i), score=0.0 if math.isnan(score) else score, steps=steps,
+                cameras=cameras, size=size, instruction=instruction, complete=not math.isnan(score),
                 videos=videos,
             )  # fmt: skip
     return run_dir
@@ -196,8 +211,12 @@ def write_server_episode(
     ep.mkdir(parents=True, exist_ok=True)
     _write_videos(ep, cameras, steps, size, int(seed) if seed.isdigit() else 0)
     meta = {
-        "joint_positions": [np.sin(np.arange(12) / 3 + t / 10).astype(np.float32) for t in range(steps)],
-        "gripper_positions": [np.array([0.04, 0.04], np.float32) * (t % 20 < 10) for t in range(steps)],
+        "joint_positions": [
+            np.sin(np.arange(12) / 3 + t / 10).astype(np.float32) for t in range(steps)
+        ],
+        "gripper_positions": [
+            np.array([0.04, 0.04], np.float32) * (t % 20 < 10) for t in range(steps)
+        ],
         "base_positions": [np.array([0.0, 0.0, t / 100.0]) for t in range(steps)],
         "instruction": instruction,
         "model_output": [
@@ -221,7 +240,14 @@ def write_server_episode(
     if lock_age is not None:
         lock = run_dir / task / f"{seed}.lock"
         lock.write_text(
-            json.dumps({"pid": os.getpid(), "host": "testhost", "worker_id": "1", "timestamp": time.time() - lock_age}),
+            json.dumps(
+                {
+                    "pid": os.getpid(),
+                    "host": "testhost",
+                    "worker_id": "1",
+                    "timestamp": time.time() - lock_age,
+                }
+            ),
             encoding="utf-8",
         )
         t = time.time() - lock_age
@@ -245,10 +271,10 @@ def write_server_run(
     run_dir = project_root / "saved" / "eval_results" / benchmark / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
     total = sum(len(v) for v in tasks.values())
-    done = sum(1 for v in tasks.values() for s in v if s == s)
+    done = sum(1 for v in tasks.values() for s in v if not math.isnan(s))
     metric = {
-        (f"({sum(1 for s in v if s == s)}/{len(v)})" if done < total else "") + t: float(
-            np.nanmean(v) if any(s == s for s in v) else 0.0
+        (f"({sum(1 for s in v if not math.isnan(s))}/{len(v)})" if done < total else "") + t: float(
+            np.nanmean(v) if any(not math.isnan(s) for s in v) else 0.0
         )
         for t, v in tasks.items()
     }
@@ -257,7 +283,7 @@ def write_server_run(
     )
     for task, scores in tasks.items():
         for i, score in enumerate(scores):
-            running = score != score
+            running = math.isnan(score)
             write_server_episode(
                 run_dir, task, str(i), score=0.0 if running else score, steps=steps, cameras=cameras,
                 size=size, instruction=instruction, complete=not running,
@@ -280,12 +306,15 @@ def write_live_worker(
     """``<run_dir>/.live/<worker_id>/`` with one JPEG per camera and ``live.json``."""
     from genmanip_protocol.atomic import atomic_write_bytes, atomic_write_json
     from genmanip_protocol.codec.jpeg import encode_jpeg
+    from genmanip_protocol.stats import wilson_interval
 
     d = run_dir / ".live" / worker_id
     d.mkdir(parents=True, exist_ok=True)
     w, h = size
     for i, cam in enumerate(cameras):
-        atomic_write_bytes(d / f"{cam}.jpg", encode_jpeg(synthetic_frame(step, w, h, i), quality=85))
+        atomic_write_bytes(
+            d / f"{cam}.jpg", encode_jpeg(synthetic_frame(step, w, h, i), quality=85)
+        )
     atomic_write_json(
         d / "live.json",
         {
@@ -293,9 +322,16 @@ def write_live_worker(
             "step": step,
             "instruction": instruction,
             "episode_id": episode_id,
-            "success_rate": success_rate,
-            "episodes_done": 2,
+            "task_name": episode_id.split("/", 2)[-1].rsplit("/", 1)[0]
+            if episode_id.count("/") >= 3
+            else "",
             "updated": time.time(),
+            # the running success rate as gmp eval's recorder writes it
+            "episodes": 4,
+            "successes": round(4 * success_rate),
+            "sr": success_rate,
+            "sr_ci95": list(wilson_interval(round(4 * success_rate), 4)),
+            "cameras": list(cameras),
         },
     )
     return d

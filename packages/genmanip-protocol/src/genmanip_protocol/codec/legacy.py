@@ -337,23 +337,37 @@ _ALLOWED[("numpy", "ndarray")] = _NDARRAY
 ALLOWED_GLOBALS: frozenset[tuple[str, str]] = frozenset(_ALLOWED)
 
 
-# The pure-Python unpickler, on purpose: the C one stores its memo in an array sized by the
-# largest index seen, so a 5-byte LONG_BINPUT 0x7fffffff makes it allocate and zero 32 GiB.
-# Python's uses a dict. Replies are a few hundred opcodes, so the cost is ~0.5 ms per step.
+def _find_class(module: str, name: str) -> Any:
+    try:
+        return _ALLOWED[(module, name)]
+    except (KeyError, TypeError):
+        raise UnsafePayloadError(f"{module}.{name}"[:200]) from None
+
+
+def _persistent_load(pid: Any) -> Any:
+    raise UnsafePayloadError(f"persistent id {str(pid)[:40]!r}")
+
+
+# The pure-Python unpickler, on purpose. CPython's C unpickler sizes its memo array by the largest
+# index a PUT names (LONG_BINPUT 0x7fffffff: 5 bytes -> 32 GiB written with NULLs) and allocates
+# BYTEARRAY8's declared length before reading. Telling such opcodes apart from data needs an
+# opcode-level parse, which costs as much as the Python unpickler itself (a byte-level pre-scan
+# flags every string containing "r"). Replies are a few hundred opcodes: ~0.5 ms more per step;
+# array-heavy files (meta_record.pkl) load ~5-10x slower than with pickle.loads.
 _PyUnpickler: Any = pickle._Unpickler
 
 
-class _SafeUnpickler(_PyUnpickler):  # type: ignore[misc]
+class _SafePyUnpickler(_PyUnpickler):  # type: ignore[misc]
+    """The pure-Python unpickler with the allow-list: its memo is a dict, and BYTEARRAY8 reads
+    before it allocates."""
+
     dispatch = dict(_PyUnpickler.dispatch)
 
     def find_class(self, module: str, name: str) -> Any:
-        try:
-            return _ALLOWED[(module, name)]
-        except (KeyError, TypeError):
-            raise UnsafePayloadError(f"{module}.{name}"[:200]) from None
+        return _find_class(module, name)
 
     def persistent_load(self, pid: Any) -> Any:
-        raise UnsafePayloadError(f"persistent id {str(pid)[:40]!r}")
+        return _persistent_load(pid)
 
     def load_bytearray8(self) -> None:
         # The stock version allocates bytearray(<declared length>) before reading: 9 bytes could
@@ -373,82 +387,106 @@ _IN_PROGRESS = object()
 _LEAVES = frozenset({str, int, float, bool, bytes, type(None), complex, bytearray})
 
 
+#: Shared references let a 1 KB pickle describe a tree with 2**64 paths; a consumer that walks
+#: it naively (json.dumps, a recorder) would never finish. Trees that expand beyond this many
+#: nodes are refused (a 10-million-float list is still fine).
+MAX_EXPANDED_NODES = 50_000_000
+
+
 def _resolve(root: Any) -> Any:
-    """Replace the numpy proxies by real arrays/dtypes and enforce the depth limit.
+    """Replace the numpy proxies by real arrays/dtypes; enforce the depth and expansion limits.
 
     Lists and dicts are updated in place (so cycles and shared references survive); tuples, sets
     and frozensets are rebuilt only if a member changed.
     """
-    memo: dict[int, tuple[Any, Any]] = {}  # id -> (node, result); holding node pins its id
+    # id -> (node, result, expanded size); holding node pins its id for the whole walk
+    memo: dict[int, tuple[Any, Any, int]] = {}
 
-    def walk(node: Any, depth: int) -> Any:
+    def walk(node: Any, depth: int) -> tuple[Any, int]:
         t = type(node)
         if t in _LEAVES:
-            return node
+            return node, 1
         if t is _ArrayProxy:
             if node.array is None:
                 raise _bad("numpy array without state")
-            return node.array
+            return node.array, 1
         if t is _DtypeProxy:
-            return node.dtype
+            return node.dtype, 1
         if t is _ValueProxy:
-            return node.value
+            return node.value, 1
         if t is _PendingByteArray:
-            return bytearray(node)
+            return bytearray(node), 1
         if t is _Global:
             raise _bad(f"{node._name} left uncalled in the data")
         if isinstance(node, (np.ndarray, np.generic)):
-            return node  # built by us from validated parts
+            return node, 1  # built by us from validated parts
         i = id(node)
         hit = memo.get(i)
         if hit is not None:
             if hit[1] is _IN_PROGRESS:
                 raise _bad("recursive tuple or set")
-            return hit[1]
+            return hit[1], hit[2]
         if depth >= MAX_DEPTH:
             raise _bad(f"containers nested deeper than {MAX_DEPTH} levels")
+        size = 1
         if isinstance(node, list):
-            memo[i] = (node, node)
+            memo[i] = (node, node, 1)  # a cycle back to here counts once
             for j, v in enumerate(node):
-                if type(v) not in _LEAVES:
-                    nv = walk(v, depth + 1)
-                    if nv is not v:
-                        node[j] = nv
-            return node
-        if isinstance(node, dict):
-            memo[i] = (node, node)
+                if type(v) in _LEAVES:
+                    size += 1
+                    continue
+                nv, n = walk(v, depth + 1)
+                size += n
+                if nv is not v:
+                    node[j] = nv
+            out: Any = node
+        elif isinstance(node, dict):
+            memo[i] = (node, node, 1)
             rekey = False
             for k, v in node.items():
-                if type(k) not in _LEAVES:
-                    rekey = rekey or walk(k, depth + 1) is not k
-                if type(v) not in _LEAVES:
-                    nv = walk(v, depth + 1)
-                    if nv is not v:
-                        node[k] = nv
+                if type(k) in _LEAVES:
+                    size += 1
+                else:
+                    nk, n = walk(k, depth + 1)
+                    size += n
+                    rekey = rekey or nk is not k
+                if type(v) in _LEAVES:
+                    size += 1
+                    continue
+                nv, n = walk(v, depth + 1)
+                size += n
+                if nv is not v:
+                    node[k] = nv
             if rekey:
-                items = [(walk(k, depth + 1), v) for k, v in node.items()]
+                items = [(walk(k, depth + 1)[0], v) for k, v in node.items()]
                 node.clear()
                 node.update(items)
-            return node
-        if isinstance(node, (tuple, set, frozenset)):
-            memo[i] = (node, _IN_PROGRESS)
-            items = [walk(v, depth + 1) for v in node]
-            changed = (
-                any(a is not b for a, b in zip(items, node, strict=True))
-                if isinstance(node, tuple)
-                else True
-            )
+            out = node
+        elif isinstance(node, (tuple, set, frozenset)):
+            memo[i] = (node, _IN_PROGRESS, 1)
+            items = []
+            for v in node:
+                nv, n = walk(v, depth + 1)
+                size += n
+                items.append(nv)
             if isinstance(node, tuple):
-                out: Any = tuple(items) if changed else node
+                changed = any(a is not b for a, b in zip(items, node, strict=True))
+                out = tuple(items) if changed else node
             elif any(type(v) not in _LEAVES for v in node):
                 out = type(node)(items)
             else:
                 out = node
-            memo[i] = (node, out)
-            return out
-        raise _bad(f"unexpected object of type {t.__name__}")
+        else:
+            raise _bad(f"unexpected object of type {t.__name__}")
+        if size > MAX_EXPANDED_NODES:
+            raise _bad(
+                f"the data expands to more than {MAX_EXPANDED_NODES} values through shared "
+                "references (a 'billion laughs' pickle)"
+            )
+        memo[i] = (node, out, size)
+        return out, size
 
-    return walk(root, 0)
+    return walk(root, 0)[0]
 
 
 def safe_loads(data: bytes | bytearray | memoryview, *, max_size: int = 1 << 32) -> Any:
@@ -468,7 +506,7 @@ def safe_loads(data: bytes | bytearray | memoryview, *, max_size: int = 1 << 32)
     if size == 0:
         raise DecodeError("empty body is not a pickle", codec="legacy")
     try:
-        obj = _SafeUnpickler(io.BytesIO(data)).load()
+        obj = _SafePyUnpickler(io.BytesIO(data)).load()
     except DecodeError:
         raise
     except RecursionError:

@@ -24,6 +24,7 @@ import numpy as np
 
 from ..errors import DecodeError, EncodeError
 from ._base import MAX_DEPTH
+from .jpeg import MAX_JPEG_PIXELS
 from .observation import JpegFrame, Observation, is_observation_dict
 
 __all__ = ["TAG_TYPES", "tag_tree", "untag_tree"]
@@ -88,6 +89,8 @@ class _Untagger:
                     path.append(k)
                     d[k] = self.walk(v, depth + 1)
                     path.pop()
+                elif isinstance(v, np.generic):
+                    d[k] = v.item()
             return result
         if t is list or t is tuple:
             i = id(node)
@@ -104,7 +107,12 @@ class _Untagger:
                     path.append(j)
                     lst[j] = self.walk(v, depth + 1)
                     path.pop()
+                elif isinstance(v, np.generic):
+                    lst[j] = v.item()
             return lst
+        if isinstance(node, np.generic):
+            # numpy scalars become Python scalars, as on the msgpack wire (and JSON-serialisable)
+            return node.item()
         return node
 
     # -- tagged values ----------------------------------------------------------------------------
@@ -234,10 +242,19 @@ class _Untagger:
 
         try:
             with PIL.Image.open(io.BytesIO(raw)) as img:
-                img.load()
-                arr = np.asarray(img)
+                # Checked before load(): a 500 KB PNG can declare 12000x12000 RGB (430 MB), which
+                # is under Pillow's own bomb limit (found by bench/reliability/fuzz_codecs.py).
+                w, h = img.size
+                if w * h > MAX_JPEG_PIXELS:
+                    too_big = f"data: image of {w}x{h} pixels exceeds the limit of {MAX_JPEG_PIXELS}"
+                else:
+                    too_big = ""
+                    img.load()
+                    arr = np.asarray(img)
         except Exception as exc:  # PIL raises OSError, ValueError, DecompressionBombError, ...
             raise self.fail(f"data: invalid image ({type(exc).__name__}: {exc})"[:300]) from None
+        if too_big:
+            raise self.fail(too_big)
         arr.flags.writeable = False
         return arr
 
@@ -253,7 +270,8 @@ except TypeError:  # Python 3.10
 
 def untag_tree(obj: Any) -> Any:
     """Decode tagged values in a freshly unpickled tree (in place where possible) and wrap
-    observation dicts as :class:`Observation`. Tuples become lists, as on the real wire."""
+    observation dicts as :class:`Observation`. Tuples become lists and numpy scalars Python
+    scalars, as on the msgpack wire."""
     return _Untagger().walk(obj, 0)
 
 

@@ -57,7 +57,14 @@
           text("live-step", s.step ?? "–");
           text("live-episode", s.episode_id ?? "–");
           text("live-instruction", s.instruction ?? "");
-          text("live-sr", typeof s.success_rate === "number" ? (100 * s.success_rate).toFixed(1) + "%" : "–");
+          // gmp eval writes sr (+ sr_ci95, episodes); success_rate is accepted too.
+          const sr = typeof s.sr === "number" ? s.sr : s.success_rate;
+          let srText = typeof sr === "number" ? (100 * sr).toFixed(1) + "%" : "–";
+          if (Array.isArray(s.sr_ci95) && s.sr_ci95.length === 2) {
+            srText += " [" + (100 * s.sr_ci95[0]).toFixed(1) + "%, " + (100 * s.sr_ci95[1]).toFixed(1) + "%]";
+          }
+          if (typeof s.episodes === "number") srText += " of " + s.episodes + " episodes";
+          text("live-sr", srText);
           text("live-updated", s.updated ? new Date(s.updated * 1000).toLocaleTimeString() : "–");
         }
         const t = Date.now();

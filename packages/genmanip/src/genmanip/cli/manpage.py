@@ -15,11 +15,16 @@ __all__ = ["ENVIRONMENT", "render_manpage"]
 
 #: Environment variables read by gmp commands: (name, meaning).
 ENVIRONMENT: tuple[tuple[str, str], ...] = (
-    ("GENMANIP_TOKEN", "bearer token for the evaluation server (instead of --token)"),
-    ("GENMANIP_RESULT_DIR", "results root of gmp eval (default ./client_results)"),
-    ("GMP_CONFIG", "config file (default ~/.config/genmanip/config.toml)"),
+    ("GMP_TOKEN", "bearer token of the evaluation server (eval, submit, status)"),
+    ("GENMANIP_TOKEN", "token the testbed server requires (testbed serve)"),
+    ("GENMANIP_RESULT_DIR", "results root (default ./client_results)"),
+    ("GMP_ONLINE_URL, GMP_ONLINE_TOKEN", "online service base URL and token"),
     ("LEADERBOARD_HOST, LEADERBOARD_PORT", "leaderboard server (default localhost:8000)"),
-    ("USER_TOKEN", "leaderboard author token (instead of --token)"),
+    ("USER_TOKEN", "leaderboard author token"),
+    ("GMP_LEADERBOARD_CA", "extra CA certificate to trust for the leaderboard"),
+    ("GMP_CONFIG", "config file (default ~/.config/genmanip/config.toml)"),
+    ("GMP_CACHE_DIR", "cache directory (default ~/.cache/genmanip)"),
+    ("GMP_FFMPEG", "ffmpeg binary (default: the imageio-ffmpeg wheel's)"),
     ("NO_COLOR", "disable colour on the terminal (https://no-color.org)"),
     ("FORCE_COLOR", "colour even when stderr is not a terminal"),
 )
