@@ -38,7 +38,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import numpy as np
-
 from genmanip_eval import EvalClient, Recorder, ZeroPolicy
 from genmanip_protocol.codec import MsgpackCodec, safe_loads
 from genmanip_testbed import serve_testbed

@@ -65,9 +65,9 @@ def _reader(task_dir: str, stop: Any, out: Any) -> None:
     out.put((reads, bad))
 
 
-def run(processes: int = 8, merges: int = 1000) -> dict[str, Any]:
+def run(processes: int = 8, merges: int = 1000, base_dir: str | None = None) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
-    with tempfile.TemporaryDirectory(prefix="gmp-merge-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="gmp-merge-", dir=base_dir) as tmp:
         task = Path(tmp) / "bench" / "run" / "task" / "a"
         task.mkdir(parents=True)
         start = ctx.Event()

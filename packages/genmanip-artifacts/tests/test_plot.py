@@ -175,3 +175,13 @@ def test_plot_layout_even_and_bounded() -> None:
     assert len({w for _, w in lay.cams}) == 2
     lay1 = plan_layout([(641, 481)])
     assert lay1.width == 1280 and lay1.cam_height % 2 == 0
+
+
+def test_reader_scales_while_decoding(tmp_path: Path) -> None:
+    """The overlay asks ffmpeg for frames at their final size (genmanip_protocol.video)."""
+    ep = _small_episode(tmp_path)
+    frames = list(read_video_frames(ep / "left_camera.mp4", size=(32, 24)))
+    assert len(frames) == 6
+    assert {f.shape for f in frames} == {(24, 32, 3)}
+    # The frame-index block (top-left quarter-ish) survives the scaling.
+    assert abs(int(np.median(frames[3][2:10, 2:10])) - frame_marker(3)) <= 8

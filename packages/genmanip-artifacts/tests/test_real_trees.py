@@ -103,7 +103,7 @@ def test_clean_on_the_testbed_tree(
         == ExitCode.REFUSED
     )
     assert "not submitted" in capsys.readouterr().err
-    assert (run.path / "result.json").exists()
+    assert all((e.path / "result_info.json").exists() for e in run.episodes)
     # Submitted and idle for a while: it goes (plots included), the tasks dir stays.
     (run.path / "submitted.flag").write_text(json.dumps({"submission_id": "x"}))
     assert (

@@ -5,7 +5,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from genmanip_testbed import serve_testbed
 
 HERE = Path(__file__).resolve().parent

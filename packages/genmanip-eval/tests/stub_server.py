@@ -12,7 +12,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import numpy as np
-
 from genmanip_protocol.codec import LegacyCodec
 
 Reply = tuple[int, str, bytes]

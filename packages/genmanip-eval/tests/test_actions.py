@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from genmanip_eval.actions import is_action_dict, normalize_step_input
 from genmanip_protocol.errors import ValidationError
 

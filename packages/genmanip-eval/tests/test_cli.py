@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from genmanip.cli.main import main
 from genmanip_eval.cli import per_task_rows
 from genmanip_testbed import serve_testbed

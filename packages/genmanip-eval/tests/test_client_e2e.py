@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
 from genmanip_eval import EvalClient, ZeroPolicy
 from genmanip_testbed import expert_policy
 
@@ -48,6 +47,10 @@ def test_single_step_job_nothing_dropped(smoke: Any, codec: str) -> None:
                 assert nxt["timestep"] == 0 and entries["0"]["episode_result"]["episode_id"] == eid
             else:
                 assert nxt["timestep"] == obs["timestep"] + 1 and nxt["episode_id"] == eid
+        # One keep-alive connection for the whole job; the latency split uses the server header.
+        assert c.http.connections_opened == 1
+        t = c.timing("0")
+        assert t.server_ms is not None and t.network_ms is not None and t.total_ms >= t.server_ms
     stats = smoke.stats.snapshot()
     # Every action sent was executed by the server, exactly once, in the episode it was meant for.
     assert stats["steps_by_worker"] == {"0": sent}
@@ -68,7 +71,7 @@ def test_chunk_mode_keeps_t0_and_counts(smoke: Any, codec: str) -> None:
         while not c.done:
             obs = entries["0"]["obs"]
             chunk = [zero_for(obs)] * 4
-            entries, done = c.step(chunk)
+            entries, _ = c.step(chunk)
             ex = entries["0"]["executed_steps"]
             if first_chunk:
                 # The first chunk of the job runs whole: its t=0 observation was not swallowed.
@@ -154,10 +157,14 @@ def test_auto_codec_picks_msgpack_and_frames(smoke: Any) -> None:
         assert c.codec_name == "msgpack" and c.frames == "raw"  # loopback: raw frames
         assert c.server_info is not None and "msgpack" in c.server_info["codecs"]
         assert not e["0"]["obs"].is_encoded("video.left_camera_view")
-    with EvalClient(smoke.url, frames="jpeg") as c:
-        e = c.reset()
-        assert c.frames == "jpeg" and e["0"]["obs"].is_encoded("video.left_camera_view")
-        assert e["0"]["obs"].frame_bytes("video.left_camera_view")[:2] == b"\xff\xd8"
+    for codec in ("auto", "msgpack"):  # also when the codec is forced (no /protocol call)
+        with EvalClient(smoke.url, frames="jpeg", codec=codec) as c:
+            e = c.reset()
+            assert c.frames == "jpeg" and e["0"]["obs"].is_encoded("video.left_camera_view")
+            e, _ = c.step(zero_for(e["0"]["obs"]))
+            obs = e["0"]["obs"]
+            assert obs.is_encoded("video.left_camera_view")  # recorded as received, never decoded
+            assert obs.frame_bytes("video.left_camera_view")[:2] == b"\xff\xd8"
 
 
 def test_legacy_only_server_uses_pickle(tmp_path: Any) -> None:

@@ -6,7 +6,6 @@ import socket
 from typing import Any
 
 import pytest
-
 from genmanip_eval import EvalClient, ResetTimeout, StepError, StepTimeout, ZeroPolicy
 from genmanip_protocol.errors import AuthError, ConnectError, ExitCode, ValidationError
 from genmanip_testbed import serve_testbed

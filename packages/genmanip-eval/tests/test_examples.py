@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from genmanip_testbed import serve_testbed
 
 TOKEN = "example-token"

@@ -5,7 +5,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from genmanip_eval.errors import PolicyError
 from genmanip_eval.policy import (
     PolicyHandle,

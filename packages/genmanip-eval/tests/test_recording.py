@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from genmanip_eval.errors import EpisodeIdError, RecordingError
 from genmanip_eval.recording import Recorder, camera_name, iter_frame_file, resolve_results_root
 from genmanip_protocol.atomic import merge_json

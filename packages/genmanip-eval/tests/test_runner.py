@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from genmanip_eval import EvalConfig, PolicyError, WorkerProcessError, run_eval
 from genmanip_protocol.video import probe_video
 
@@ -61,6 +60,12 @@ def test_run_records_every_step(smoke: Any, tmp_path: Path, codec: str, policy: 
     assert run["policy"]["spec"] == policy and run["server_url"] == smoke.url
     assert "genmanip-eval" in " ".join(run["versions"]) and run["finished"]
     assert sorted(run["workers"]) == ["0", "1"]
+    assert run["total_episodes"] == 2 and run["benchmark"] == "testbed" and run["run_id"] == run_dir.name
+    # The shared results reader sees the run complete.
+    from genmanip_protocol.results import find_runs
+
+    (info,) = find_runs(root)
+    assert info.layout == "client" and info.n_complete == 2 and info.total_episodes == 2
     assert any((run_dir / ".live" / w / "live.json").is_file() for w in ("0", "1"))
     if chunk_size:
         rows = [json.loads(x) for d in _episode_dirs(root) for x in (d / "steps.jsonl").read_text().splitlines()]

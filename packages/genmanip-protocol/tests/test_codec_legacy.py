@@ -187,7 +187,7 @@ def test_image_values_decode_with_pillow() -> None:
     [
         (
             {"type": "numpy_array", "dtype": "object", "shape": [1], "data": ""},
-            "not a bool/int/float",
+            "unknown dtype",
         ),
         (
             {

@@ -239,8 +239,13 @@ def test_valid_handmade_frame_decodes() -> None:
         (_frame({"a": 1})[:-1], "truncated|malformed"),
         (_frame({"a": _ref("<i4", [3], 0)}, [bytes(8)]), "needs 12 bytes"),
         (_frame({"a": _ref("<i4", [1], 1)}, [bytes(4)]), "out of range"),
-        (_frame({"a": _ref("|O", [1], 0)}, [bytes(8)]), "not allowed"),
-        (_frame({"a": _ref("|V8", [1], 0)}, [bytes(8)]), "not allowed"),
+        (_frame({"a": _ref("|O", [1], 0)}, [bytes(8)]), "bad dtype"),
+        (_frame({"a": _ref("|V8", [1], 0)}, [bytes(8)]), "bad dtype"),
+        (
+            _frame({"a": _ref("|a8", [1], 0)}, [bytes(8)]),
+            "bad dtype",
+        ),  # deprecated alias: no warning
+        (_frame({"a": _ref("<M8", [1], 0)}, [bytes(8)]), "bad dtype"),
         (_frame({"a": _ref("<U2", [1], 0)}, [bytes(8)]), "not allowed"),
         (_frame({"a": _ref("[('a','<i4')]", [1], 0)}, [bytes(4)]), "bad dtype|unknown dtype"),
         (_frame({"a": _ref("<i4", [-1], 0)}, [bytes(4)]), "bad shape"),

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import pytest
-
 from genmanip_protocol.stats import wilson_interval
 
 

@@ -246,10 +246,36 @@ def test_bad_options_are_usage_errors(tmp_path: Path) -> None:
     from genmanip_protocol.errors import ExitCode
     from genmanip_testbed import OptionError
 
-    with pytest.raises(OptionError, match="run_id '../x'") as ei:
+    with pytest.raises(OptionError, match=re.escape("run_id '../x'")) as ei:
         with serve_testbed(tasks="testbed/smoke", run_id="../x", results_root=tmp_path):
             pass
     assert ei.value.exit_code == ExitCode.USAGE
     with pytest.raises(OptionError, match="wire"):
         with serve_testbed(wire="grpc", results_root=tmp_path):
             pass
+
+
+def test_single_arm_robot_over_http_and_busy_port() -> None:
+    from genmanip_testbed import ServerStartError
+
+    with serve_testbed("manip/franka/panda_hand", tasks="testbed/smoke") as tb:
+        raw = Raw(tb.url)
+        raw.pickle_post("/reset", {"worker_ids": ["0"]})
+        first = poll_reset(raw, ["0"])["0"]
+        obs = first["obs"]
+        assert obs["robot_id"] == "manip/franka/panda_hand"
+        assert obs["state.base"] == [0.0, 0.0, 0.0]  # a plain list on single-arm robots
+        assert {k for k in obs if k.startswith("video.")} == {
+            "video.obs_camera_view",
+            "video.obs_camera_2_view",
+            "video.realsense_view",
+        }
+        act = {"control_type": "joint_position", "action": [0.0] * 7 + [0.04, 0.04], "is_rel": True}
+        st, resp = raw.pickle_post("/step", {"0": act})
+        assert st == 200 and resp["0"]["obs"]["timestep"] == 1
+        st, resp = raw.pickle_post("/step", {"0": {**act, "action": [0.0] * 16}})
+        assert st == 500 and "value array of shape (16,)" in resp["detail"]
+        raw.close()
+        with pytest.raises(ServerStartError, match="cannot listen"):
+            with serve_testbed(tasks="testbed/smoke", port=tb.port):
+                pass

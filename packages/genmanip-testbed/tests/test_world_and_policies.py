@@ -285,3 +285,21 @@ def test_world_seed_varies_scenes_deterministically() -> None:
     a, b = _episode(world_seed=5), _episode(world_seed=5)
     assert np.array_equal(a.target, b.target)
     assert not np.array_equal(a.target, _episode().target)
+
+
+def test_without_render_has_no_frames_and_wrist_views_cache_per_arm() -> None:
+    assert not any(k.startswith("video.") for k in _episode(render=False).observation())
+    cache = FrameCache(64)
+    ep = _episode(cache=cache)
+    first = ep.observation()
+    # Move only the left arm: the right wrist view is served from the cache.
+    ep.apply(
+        {
+            "control_type": "joint_position",
+            "action": [0.05] + [0.0] * 5 + [0.044, 0.044] + [0.0] * 6 + [0.044, 0.044],
+            "is_rel": True,
+        }
+    )
+    second = ep.observation()
+    assert second["video.right_camera_view"] is first["video.right_camera_view"]
+    assert second["video.left_camera_view"] is not first["video.left_camera_view"]

@@ -48,6 +48,6 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def server(tree: Path, viz_cache: Path) -> Iterator[VizServer]:
-    with VizServer(tree, cache_dir=viz_cache, scan_interval=0.5) as s:
+    with VizServer(tree, cache_dir=viz_cache, warm=False, scan_interval=0.5) as s:
         s.app.state.viz.index.wait_for_scan()  # type: ignore[attr-defined]
         yield s

@@ -162,5 +162,16 @@ def test_replay_episodes_in_chromium(
             timeout=120_000,
         )
         page.wait_for_timeout(3000)
+
+        # The live page shows the worker's newest frames and its state.
+        page.goto(f"{server.base_url}/live/{srv.key}")
+        page.wait_for_function(
+            "() => { const imgs = [...document.querySelectorAll('img.livecam')];"
+            " return imgs.length > 0 && imgs.every(i => i.complete && i.naturalWidth > 0)"
+            " && document.getElementById('live-step').textContent === '7'; }",
+            timeout=60_000,
+        )
+        assert "50.0%" in (page.text_content("#live-sr") or "")
+        page.screenshot(path=str(shots / "4-live.png"), full_page=True)
         page.close()
         assert errors == []

@@ -80,7 +80,9 @@ def test_certificate_covers_names_and_is_reused(tmp_path: Path) -> None:
 def test_https_with_token_verifies_against_the_generated_cert(
     tmp_path: Path, viz_cache: Path, tree: Path
 ) -> None:
-    with VizServer(tree, https=True, token="tok-123", cache_dir=viz_cache, tls_dir=tmp_path) as s:
+    with VizServer(
+        tree, https=True, token="tok-123", cache_dir=viz_cache, warm=False, tls_dir=tmp_path
+    ) as s:
         assert s.url.startswith("https://localhost:") and s.url.endswith("/?access_token=tok-123")
         cert = str(s.cert[0])  # type: ignore[index]
         base = f"https://localhost:{s.port}"
@@ -125,3 +127,20 @@ def test_serve_command_prints_url_and_hint(tree: Path, viz_cache: Path, tmp_path
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
     assert "ssh -L" in err and "serving results under" in err
+
+
+def test_missing_rerun_names_the_extra(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import importlib.util
+
+    from genmanip_viz.errors import VizDependencyError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "rerun" else real(name, *a)
+    )
+    with pytest.raises(VizDependencyError) as ei:
+        cli.serve(
+            argparse.Namespace(root=str(tmp_path), port=0, host="127.0.0.1", https=None, open=False)
+        )
+    assert ei.value.hint is not None and "genmanip[viz]" in ei.value.hint
+    assert int(ei.value.exit_code) == 3

@@ -81,7 +81,7 @@ def test_server_layout_recordings_from_testbed(produced: Path) -> None:
 
 
 def test_browser_pages_on_produced_tree(produced: Path, viz_cache: Path) -> None:
-    with VizServer(produced, cache_dir=viz_cache) as s:
+    with VizServer(produced, cache_dir=viz_cache, warm=False) as s:
         s.app.state.viz.index.wait_for_scan()  # type: ignore[attr-defined]
         html = requests.get(s.base_url + "/", timeout=30).text
         keys = re.findall(r'href="/run/([0-9a-f]{12})"', html)

@@ -133,7 +133,7 @@ def test_symlink_out_of_root_is_not_served(tree: Path, viz_cache: Path, tmp_path
     wlink = srv / ".live" / "evil"
     os.symlink(outside, wlink)
     try:
-        with VizServer(tree, cache_dir=viz_cache) as s:
+        with VizServer(tree, cache_dir=viz_cache, warm=False) as s:
             s.app.state.viz.index.wait_for_scan()  # type: ignore[attr-defined]
             k = _keys(s)["srv_run"]
             assert (
@@ -190,7 +190,7 @@ def test_loopback_rejects_foreign_host_header(server: VizServer) -> None:
 
 
 def test_token_cookie_flow(tree: Path, viz_cache: Path) -> None:
-    with VizServer(tree, token="s3cret-tok", cache_dir=viz_cache) as s:
+    with VizServer(tree, token="s3cret-tok", cache_dir=viz_cache, warm=False) as s:
         base = f"http://127.0.0.1:{s.port}"
         r = requests.get(base + "/", timeout=30, allow_redirects=False)
         assert r.status_code == 401 and "s3cret-tok" not in r.text

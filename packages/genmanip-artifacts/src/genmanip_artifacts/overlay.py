@@ -12,7 +12,7 @@ the camera frames (Pillow, C), copies the pre-rendered panel and writes the curs
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -130,6 +130,17 @@ def frame_timesteps(s: EpisodeSeries, n_frames: int) -> tuple[np.ndarray, list[s
     return ts, warnings
 
 
+def _scaled_reader(
+    reader: Callable[..., Iterator[np.ndarray]], path: Path, size: tuple[int, int]
+) -> Iterator[np.ndarray]:
+    """Frames already scaled by ffmpeg while decoding; a reader without ``size`` support gives
+    full-size frames, which the caller then resizes in Python."""
+    try:
+        return reader(path, size=size)
+    except TypeError:
+        return reader(path)
+
+
 def _close(it: Iterator[np.ndarray]) -> None:
     close = getattr(it, "close", None)
     if close is not None:
@@ -178,7 +189,10 @@ def write_overlay_video(
     )
     frame = np.zeros((layout.height, layout.width, 3), dtype=np.uint8)
     panel_view = frame[layout.cam_height :]
-    readers = [read_video_frames(p) for p in s.videos.values()]
+    readers = [
+        _scaled_reader(read_video_frames, p, (w, layout.cam_height))
+        for p, (_, w) in zip(s.videos.values(), layout.cams, strict=True)
+    ]
     cams = list(s.videos)
     written = 0
     try:

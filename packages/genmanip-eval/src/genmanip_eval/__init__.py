@@ -21,7 +21,13 @@ from .errors import (
     StepTimeout,
     WorkerProcessError,
 )
-from .policy import BUILTIN_POLICIES, PolicyHandle, ZeroPolicy, load_policy_factory, parse_policy_args
+from .policy import (
+    BUILTIN_POLICIES,
+    PolicyHandle,
+    ZeroPolicy,
+    load_policy_factory,
+    parse_policy_args,
+)
 from .recording import Recorder, camera_name, resolve_results_root
 from .runner import EvalConfig, RunSummary, run_eval, run_workers
 

@@ -23,7 +23,8 @@ from genmanip_protocol.transport import build_base_url
 from .client import EvalClient
 from .errors import GenmanipEvalError
 from .policy import parse_policy_args
-from .runner import EvalConfig, RunSummary, run_eval as _run_eval
+from .runner import EvalConfig, RunSummary
+from .runner import run_eval as _run_eval
 
 __all__ = ["per_task_rows", "run_eval", "status", "submit"]
 
@@ -227,7 +228,7 @@ def submit(args: argparse.Namespace) -> int:
         if run_id is None:
             run_id = datetime.now().strftime("%Y-%m-%d_%H_%M_%S_%f")
         resuming = st.run_id == run_id and st.status == "incomplete"
-        payload = client._json_call(  # noqa: SLF001 - the one JSON call path of the client
+        payload = client._json_call(
             "/start_new_job",
             {"data": {"config_path": configs, "run_id": run_id}},
             timeout_key="start_new_job",
@@ -250,7 +251,7 @@ def _status_text(st: ServerStatus, console: Console) -> str:
     bar = ""
     if prog is not None:
         width = 30
-        filled = int(round(prog * width))
+        filled = round(prog * width)
         bar = "[" + "#" * filled + "." * (width - filled) + f"] {100 * prog:.0f}%"
     lines.append(f"episodes:    {st.completed_episodes}/{st.total_episodes} done, "
                  f"{st.in_progress_episodes} in progress  {bar}".rstrip())

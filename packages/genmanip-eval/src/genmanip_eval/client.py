@@ -67,7 +67,7 @@ log = logging.getLogger("genmanip_eval.client")
 
 DEFAULT_URL = "http://127.0.0.1:8087"
 #: Environment variable holding the server token (after ``token=``/``--token``).
-TOKEN_ENV = "GMP_TOKEN"
+TOKEN_ENV = "GMP_TOKEN"  # noqa: S105 - an env var name, not a secret
 
 #: Per-call time limits in seconds (the real server's limits, facts §1.2). ``step_chunk`` is per
 #: action of the chunk. ``reset_deadline`` bounds the whole polling loop.
@@ -212,6 +212,8 @@ class EvalClient:
             ``GENMANIP_RESULT_DIR`` / ``./client_results``). Off by default for the Python API.
         parallel_chunks: send per-worker chunks from parallel threads (default True).
         poll_initial, poll_max: first and largest delay between ``/reset_result`` polls (s).
+        reset_grace: once one worker is ready, how long ``reset()`` keeps polling for the others
+            before returning them ``reset_pending`` (s).
         ca_file: CA bundle for ``https://`` servers (verification is always on).
     """
 
@@ -241,6 +243,7 @@ class EvalClient:
         parallel_chunks: bool = True,
         poll_initial: float = 0.01,
         poll_max: float = 0.5,
+        reset_grace: float = 2.0,
         ca_file: str | None = None,
         save_process: bool | None = None,
         robot_id: str | None = None,
@@ -292,6 +295,7 @@ class EvalClient:
         self.kill_on_close = kill_on_close
         self._on_event = on_event
         self._poll_initial = poll_initial
+        self.reset_grace = reset_grace
         self._poll_max = poll_max
         self._ca_file = ca_file
         self._parallel_chunks = parallel_chunks
@@ -466,7 +470,7 @@ class EvalClient:
             if resp.status == 200:
                 try:
                     info = resp.json()
-                except Exception as exc:  # noqa: BLE001 - any undecodable body is the same problem
+                except Exception as exc:
                     raise ResponseError(
                         _violation("GET /protocol", "a JSON object", f"undecodable body ({exc})")
                     ) from exc
@@ -493,7 +497,8 @@ class EvalClient:
         self._codec = get_codec(name)
         self.codec_name = name
         if name == "msgpack":
-            offered = (info or {}).get("frames") or ["raw"]
+            # Without /protocol (codec forced) the user's choice stands.
+            offered = (info or {}).get("frames") or ["raw", "jpeg"]
             want = self._frames_choice
             if want == "auto":
                 want = "raw" if self._loopback else "jpeg"
@@ -518,7 +523,8 @@ class EvalClient:
         )
         if not isinstance(payload, dict) or not isinstance(payload.get("data"), dict):
             raise ResponseError(_violation("GET /status.data", "a JSON object", repr(payload)[:80]))
-        return payload["data"]
+        data: dict[str, Any] = payload["data"]
+        return data
 
     # ------------------------------------------------------------------ reset
 
@@ -556,7 +562,8 @@ class EvalClient:
             st.finished = False
             st.pending = False
             self._apply_entry(wid, entries[wid], first=True)
-        self._settle(block=True)
+        # Workers usually finish their first reset together: give the others a moment.
+        self._settle(block=True, grace=self.reset_grace)
         return self.entries()
 
     def poll(self, *, block: bool = True) -> dict[str, dict[str, Any]]:
@@ -572,11 +579,12 @@ class EvalClient:
         self._settle(block=block)
         return self.entries()
 
-    def _settle(self, *, block: bool) -> None:
+    def _settle(self, *, block: bool, grace: float = 0.0) -> None:
         """Poll ``/reset_result`` for pending workers.
 
         ``block``: keep polling (with backoff) until some worker has an observation or every
-        worker finished; else at most one poll, rate-limited by the backoff.
+        worker finished — and, with ``grace``, up to that many more seconds for the others;
+        else at most one poll, rate-limited by the backoff.
         """
         pending = [w for w in self.worker_ids if self._state[w].pending]
         if not pending:
@@ -588,6 +596,7 @@ class EvalClient:
                 return
         deadline = self.timeouts["reset_deadline"]
         started = now
+        grace_start: float | None = None
         if block and not any(self._actionable(w) for w in self.worker_ids):
             time.sleep(self._poll_initial)
         while True:
@@ -598,7 +607,10 @@ class EvalClient:
             if not pending or not block:
                 return
             if any(self._actionable(w) for w in self.worker_ids):
-                return
+                if grace_start is None:
+                    grace_start = time.monotonic()
+                if time.monotonic() - grace_start >= grace:
+                    return
             waited = time.monotonic() - started
             if waited >= deadline:
                 raise ResetTimeout(
@@ -760,7 +772,7 @@ class EvalClient:
             for wid in wids:
                 try:
                     results[wid] = self._one_chunk(wid, per_worker[wid])
-                except BaseException as exc:  # noqa: BLE001 - re-raised below after the others
+                except BaseException as exc:
                     errors[wid] = exc
                     break
         else:
@@ -772,7 +784,7 @@ class EvalClient:
             for wid, fut in futs.items():
                 try:
                     results[wid] = fut.result()
-                except BaseException as exc:  # noqa: BLE001
+                except BaseException as exc:
                     errors[wid] = exc
         # Workers whose chunk succeeded are applied (and recorded) even if another one failed.
         for wid in wids:
@@ -852,7 +864,7 @@ class EvalClient:
             self.episode_results.append(er)
             self.stats["episodes"] += 1
             self._emit("episode_finished", {"worker_id": wid, "episode_result": st.episode_result})
-        obs = entry.obs
+        obs: Any = entry.obs  # a decoded (mutable) dict or Observation
         new_episode = obs is not None and (
             first or was_pending or er is not None or entry.lock_lost or bool(_get(obs, "reset"))
         )

@@ -154,6 +154,7 @@ class Recorder:
         self._obs_count: dict[str, int] = {}
         self._open: dict[int, dict[str, Any]] = {}  # writer-thread state per episode object id
         self._run_dirs: set[Path] = set()
+        self._run_ids: dict[Path, tuple[str, str]] = {}
         # Episode directories with a transcode queued or running: a re-run of the same episode
         # waits for it, so files of two attempts never mix.
         self._busy: dict[Path, int] = {}
@@ -193,6 +194,10 @@ class Recorder:
                 continue
 
     def _episode_paths(self, episode_id: Any) -> tuple[Path, Path, str, str]:
+        directory, run_dir, task, seed, _b, _r = self._split(episode_id)
+        return directory, run_dir, task, seed
+
+    def _split(self, episode_id: Any) -> tuple[Path, Path, str, str, str, str]:
         try:
             rel = safe_relative_path(episode_id)
             bench, run_id, task, seed = split_episode_id(episode_id)
@@ -203,7 +208,7 @@ class Recorder:
             ) from exc
         directory = self.root / rel
         run_dir = self.root / bench / run_id
-        return directory, run_dir, task, seed
+        return directory, run_dir, task, seed, bench, run_id
 
     def observation(self, worker_id: str, obs: Any) -> None:
         """A real observation arrived for ``worker_id`` (the first of an episode has reset=True)."""
@@ -250,7 +255,8 @@ class Recorder:
 
     def _begin(self, worker_id: str, obs: Any) -> _Episode:
         eid = obs.get("episode_id")
-        directory, run_dir, task, seed = self._episode_paths(eid)
+        directory, run_dir, task, seed, bench, run_id = self._split(eid)
+        self._run_ids[run_dir] = (bench, run_id)
         rid = obs.get("robot_id")
         instr = obs.get("instruction")
         ep = _Episode(
@@ -385,7 +391,7 @@ class Recorder:
                 continue  # keep draining so producers never block; the loop raises at next put
             try:
                 getattr(self, f"_w_{kind}")(*item[1:])
-            except BaseException as exc:  # noqa: BLE001 - reported to the step loop
+            except BaseException as exc:
                 self._fail(exc)
 
     def _merge_run_json(self, run_dir: Path) -> None:
@@ -396,6 +402,8 @@ class Recorder:
             started = cur.get("started")
             for k, v in manifest.items():
                 cur[k] = v
+            if run_dir in self._run_ids:
+                cur["benchmark"], cur["run_id"] = self._run_ids[run_dir]
             if started and manifest.get("started"):
                 cur["started"] = min(started, manifest["started"])
             cur["workers"] = sorted(workers)
@@ -434,7 +442,7 @@ class Recorder:
         )
         (d / _FRAMES_DIR).mkdir()
         self._open[id(ep)] = {
-            "steps": open(d / "steps.jsonl", "wb"),  # noqa: SIM115 - closed at finish/abort
+            "steps": open(d / "steps.jsonl", "wb"),
             "frames": {},
             "last": {},
         }
@@ -459,7 +467,7 @@ class Recorder:
                 data = encode_jpeg(value)
             fh = files.get(cam)
             if fh is None:
-                fh = files[cam] = open(ep.directory / _FRAMES_DIR / f"{cam}.jpegs", "wb")  # noqa: SIM115
+                fh = files[cam] = open(ep.directory / _FRAMES_DIR / f"{cam}.jpegs", "wb")
             fh.write(_LEN.pack(len(data)))
             fh.write(data)
             last[cam] = data
@@ -519,7 +527,7 @@ class Recorder:
                 if self._error is not None:
                     continue
                 self._transcode(*item)
-            except BaseException as exc:  # noqa: BLE001
+            except BaseException as exc:
                 self._fail(exc)
             finally:
                 with self._busy_cv:

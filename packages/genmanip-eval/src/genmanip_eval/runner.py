@@ -113,7 +113,7 @@ def package_versions() -> dict[str, str]:
 
     out: dict[str, str] = {}
     for dist in metadata.distributions():
-        name = (dist.metadata.get("Name") or "").strip()
+        name = (dist.metadata["Name"] or "").strip()
         if name.lower().replace("_", "-").startswith("genmanip"):
             out[name] = dist.version
     if "genmanip-eval" not in out:
@@ -229,6 +229,13 @@ def run_workers(
     t_start = time.perf_counter()
     ok = False
     try:
+        if recorder is not None:
+            try:
+                total = client.status(retry=False).get("total_episodes")
+                if isinstance(total, int) and total > 0:
+                    recorder.manifest["total_episodes"] = total
+            except GenmanipError as exc:
+                log.debug("GET /status failed (%s): run.json without total_episodes", exc)
         entries = client.reset()
         summary.codec = client.codec_name
         say("connected", {"codec": client.codec_name, "frames": client.frames, "workers": wids})
@@ -330,7 +337,7 @@ def _child_main(cfg: EvalConfig, wids: list[str], events: Any, stop: Any, index:
     except GenmanipError as exc:
         events.put((index, "error", {"message": str(exc), "hint": exc.hint, "exit_code": int(exc.exit_code)}))
         return
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent with its traceback
+    except BaseException as exc:
         events.put(
             (
                 index,

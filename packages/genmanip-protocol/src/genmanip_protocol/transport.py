@@ -107,6 +107,9 @@ class Response:
     method: str = "GET"
     route: str = ""
     reason: str = field(default="", repr=False)
+    # The sending transport's token, so that detail() and raise_for_status() scrub a server that
+    # echoes credentials back even when the caller does not pass it (found by tests/reliability).
+    scrub_token: str | None = field(default=None, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -132,12 +135,12 @@ class Response:
 
     def detail(self) -> str:
         """The server's error text: ``{"detail": ...}`` of a JSON body, else the text body."""
-        return _extract_detail(self.body, self.content_type)
+        return _scrub(_extract_detail(self.body, self.content_type), self.scrub_token)
 
     def raise_for_status(self, *, token: str | None = None) -> Response:
         """Raise :class:`HTTPStatusError` (:class:`AuthError` for 401/403) unless 2xx/3xx."""
         if self.status >= 400:
-            raise _status_error(self, token)
+            raise _status_error(self, token or self.scrub_token)
         return self
 
 
@@ -372,7 +375,7 @@ class HttpTransport:
             self._exchanges += 1
             if will_close:
                 self._drop()
-        response = Response(status, rheaders, data, elapsed, method, route, reason)
+        response = Response(status, rheaders, data, elapsed, method, route, reason, self._token)
         if raise_for_status and status >= 400:
             raise _status_error(response, self._token)
         return response
@@ -481,7 +484,9 @@ class HttpTransport:
             self._exchanges += 1
             if rhttp.will_close:
                 self._drop()
-        response = Response(rhttp.status, rhttp.headers, data, elapsed, method, route, rhttp.reason)
+        response = Response(
+            rhttp.status, rhttp.headers, data, elapsed, method, route, rhttp.reason, self._token
+        )
         if raise_for_status and response.status >= 400:
             raise _status_error(response, self._token)
         return response

@@ -487,16 +487,24 @@ def probe_video(path: str | os.PathLike[str]) -> tuple[int, int, int]:
     return info.n_frames, info.width, info.height
 
 
-def read_video_frames(path: str | os.PathLike[str]) -> Iterator[np.ndarray]:
+def read_video_frames(
+    path: str | os.PathLike[str], *, size: tuple[int, int] | None = None
+) -> Iterator[np.ndarray]:
     """Yield the frames of ``path`` as ``(H, W, 3)`` uint8 RGB arrays, decoded by ffmpeg.
 
-    Stopping the iteration early (``break``, ``close()``) stops ffmpeg.
+    ``size=(width, height)`` has ffmpeg scale the frames while decoding (area filter): far cheaper
+    than resizing in Python and less data through the pipe. Stopping the iteration early
+    (``break``, ``close()``) stops ffmpeg.
     """
     info = video_info(path)
-    frame_bytes = info.width * info.height * 3
+    width, height = (info.width, info.height) if size is None else (int(size[0]), int(size[1]))
+    if width <= 0 or height <= 0:
+        raise VideoError(f"size: expected positive (width, height), got {size!r}")
+    frame_bytes = width * height * 3
+    scale = [] if size is None else ["-vf", f"scale={width}:{height}:flags=area"]
     args = [
         ffmpeg_executable(), "-nostdin", "-loglevel", "error", "-i", str(path), "-map", "0:v:0",
-        "-f", "rawvideo", "-pix_fmt", "rgb24", "pipe:1",
+        *scale, "-f", "rawvideo", "-pix_fmt", "rgb24", "pipe:1",
     ]  # fmt: skip
     with tempfile.TemporaryFile() as errf:
         proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errf)
@@ -509,7 +517,7 @@ def read_video_frames(path: str | os.PathLike[str]) -> Iterator[np.ndarray]:
                     break
                 if len(buf) != frame_bytes:
                     raise VideoError(f"{path}: truncated frame ({len(buf)} of {frame_bytes} bytes)")
-                yield np.frombuffer(buf, dtype=np.uint8).reshape(info.height, info.width, 3)
+                yield np.frombuffer(buf, dtype=np.uint8).reshape(height, width, 3)
             finished = True
         finally:
             if not finished and proc.poll() is None:

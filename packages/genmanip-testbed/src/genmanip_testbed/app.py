@@ -63,6 +63,8 @@ EVAL_ROUTES = (
     "step_chunk",
     "kill",
 )
+#: Request bodies (actions) are tiny; refuse to decode anything bigger than this.
+_MAX_REQUEST = 64 * 1024 * 1024
 _CHUNK_STR_ERRORS = (
     AttributeError,
     EOFError,
@@ -186,16 +188,20 @@ class _Handlers:
         ctype = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
         codec: Codec
         if mode == "legacy":
-            codec = LegacyCodec()
+            codec = LegacyCodec(max_size=_MAX_REQUEST)
         elif mode == "msgpack":
             if ctype == LEGACY_CONTENT_TYPE:
                 raise _HttpError(
                     415,
                     f"This testbed serves the msgpack wire only: send Content-Type {MSGPACK_CONTENT_TYPE}",
                 )
-            codec = MsgpackCodec()
+            codec = MsgpackCodec(max_size=_MAX_REQUEST)
         else:
-            codec = MsgpackCodec() if ctype == MSGPACK_CONTENT_TYPE else LegacyCodec()
+            codec = (
+                MsgpackCodec(max_size=_MAX_REQUEST)
+                if ctype == MSGPACK_CONTENT_TYPE
+                else LegacyCodec(max_size=_MAX_REQUEST)
+            )
         pool = self.server.jpeg_pool
         if codec.name == "legacy":
             return _Wire(codec, "jpeg", core, pool)

@@ -71,6 +71,8 @@ def serve(args: argparse.Namespace) -> int:
         capacity=getattr(args, "capacity", 8),
         reset_delay=getattr(args, "reset_delay", 0.03),
         is_rel_default=bool(getattr(args, "is_relative_action", False)),
+        seed=int(getattr(args, "seed", 0) or 0),
+        render=not getattr(args, "without_render", False),
     )
     if not _is_loopback(args.host) and token is None:
         console.warn(

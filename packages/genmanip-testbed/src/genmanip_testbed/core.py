@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 from genmanip_protocol.robots import RobotSpec, get_robot
 
+from .errors import GenmanipTestbedError
 from .faults import FaultState
 from .render import FrameCache
 from .stats import Stats
@@ -163,7 +164,8 @@ class EvalCore:
         self.robot = config.robot
         self.stats = stats or Stats()
         self.faults = faults or FaultState()
-        self.cache = FrameCache(64, enabled=config.frame_cache)
+        # 32 frames = 8 lift2 states (~60 MB): enough for holds, retries and chunk re-renders.
+        self.cache = FrameCache(32, enabled=config.frame_cache)
         self._job = threading.RLock()
         self._finalize_cv = threading.Condition(self._job)
         self._finalizing = 0
@@ -190,7 +192,9 @@ class EvalCore:
     # ==================================================================================== job ====
     @property
     def run_dir(self) -> Path:
-        assert self.benchmark_id is not None and self.run_id is not None
+        """``<results_root>/saved/eval_results/<benchmark>/<run_id>`` of the loaded job."""
+        if self.benchmark_id is None or self.run_id is None:
+            raise GenmanipTestbedError("no job is loaded: start one with /start_new_job first")
         return self.cfg.results_root / "saved" / "eval_results" / self.benchmark_id / self.run_id
 
     def _seed_dir(self, key: _SEED_KEY) -> Path:
@@ -875,17 +879,24 @@ class EvalCore:
         self.stats.add("chunk_paths", "slow")
         executed = 0
         resp: dict[str, Any] = {}
+        stop = False
         for body in chunk:
             resp = self.step(body)
             executed += 1
-            if any(
+            stop = any(
                 e.get("reset_pending")
                 or e.get("obs") is None
                 or (isinstance(e.get("obs"), dict) and e["obs"].get("reset"))
                 for e in resp.values()
-            ):
+            )
+            if stop:
                 break
-        return {"obs": resp, "executed_steps": executed, "stopped_early": executed < len(chunk)}
+        # Like the fast path: an episode end (or a worker that is pending/finished) counts as early.
+        return {
+            "obs": resp,
+            "executed_steps": executed,
+            "stopped_early": stop or executed < len(chunk),
+        }
 
     # ================================================================================= close ====
     def close(self) -> None:
@@ -903,3 +914,4 @@ class EvalCore:
         self._step_pool.shutdown(wait=True, cancel_futures=True)
         self._finalize_pool.shutdown(wait=True)
         self._record_pool.shutdown(wait=True, cancel_futures=True)
+        self.cache.clear()

@@ -87,8 +87,14 @@ class SceneView:
     target: np.ndarray  # (3,)
     target_rgb: tuple[int, int, int]
 
-    def key(self) -> bytes:
-        parts = [self.base, self.ee_world.ravel(), self.openness, self.target]
+    def key(self, kind: str = "top") -> bytes:
+        """A cache key of what a camera of ``kind`` shows: a wrist view depends on its own arm
+        and the target only, so it stays cached while the other arm moves."""
+        if kind.startswith("wrist"):
+            arm = min(int(kind[-1]), self.ee_world.shape[0] - 1)
+            parts = [self.ee_world[arm], self.openness[arm : arm + 1], self.target]
+        else:
+            parts = [self.base, self.ee_world.ravel(), self.openness, self.target]
         return np.round(
             np.concatenate([np.asarray(p, dtype=np.float64).ravel() for p in parts]), 5
         ).tobytes()
@@ -166,6 +172,12 @@ class FrameCache:
             while len(self._frames) > self.capacity:
                 _, old = self._frames.popitem(last=False)
                 self._jpeg.pop(id(old), None)
+
+    def clear(self) -> None:
+        """Drop every cached frame."""
+        with self._lock:
+            self._frames.clear()
+            self._jpeg.clear()
 
     def jpeg(self, arr: np.ndarray) -> Any | None:
         """The cached encoding of a frame this cache handed out, or None."""
@@ -260,9 +272,13 @@ class Renderer:
     # --- per frame ------------------------------------------------------------------------------------
     def render(self, view: SceneView, cameras: list[str] | None = None) -> dict[str, np.ndarray]:
         """Render the named cameras (default: all) for ``view``; arrays are read-only (H, W, 3) uint8."""
-        key = self.salt + view.key()
+        keys: dict[str, bytes] = {}
         out: dict[str, np.ndarray] = {}
         for cam in cameras if cameras is not None else list(self.cameras):
+            kind = camera_kind(cam)
+            key = keys.get(kind)
+            if key is None:
+                key = keys[kind] = self.salt + view.key(kind)
             arr = self.cache.get(key, cam)
             if arr is None:
                 arr = self._draw(cam, view)

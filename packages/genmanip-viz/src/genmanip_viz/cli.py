@@ -22,13 +22,15 @@ __all__ = ["build", "serve"]
 
 
 def _check_rerun() -> None:
-    try:
-        import rerun  # noqa: F401
-    except ImportError as exc:
+    # find_spec, not import: importing rerun (pyarrow, the native module) takes seconds, and only
+    # the build processes need it.
+    import importlib.util
+
+    if importlib.util.find_spec("rerun") is None:
         raise VizDependencyError(
             "gmp viz needs rerun-sdk 0.41 (Python >= 3.11)",
             hint="pip install 'genmanip[viz]'  (or: pip install genmanip-viz)",
-        ) from exc
+        )
 
 
 def serve(args: argparse.Namespace) -> int:

@@ -100,6 +100,13 @@ def _build_in_child(episode: EpisodeInfo) -> str:
     return str(build_recording(episode))
 
 
+def _warm_child() -> bool:
+    # Importing rerun (pyarrow, a 200 MB native module) is most of a first build's latency.
+    import rerun  # noqa: F401
+
+    return True
+
+
 class RecordingPool:
     """Builds recordings in at most ``workers`` child processes; one build per episode at a time."""
 
@@ -139,6 +146,11 @@ class RecordingPool:
 
         fut.add_done_callback(_forget)
         return fut
+
+    def warm(self) -> None:
+        """Start one build process and import rerun in it now, so the first episode opens fast."""
+        with self._lock:
+            self._pool().submit(_warm_child)
 
     def shutdown(self) -> None:
         """Stop the child processes (running builds are cancelled)."""
@@ -326,6 +338,8 @@ def _not_found(what: str) -> HTMLResponse:
 
 
 def _read_instruction(ep: EpisodeInfo) -> str:
+    if getattr(ep, "instruction", None):
+        return str(ep.instruction)
     if ep.layout == "client":
         try:
             data = json.loads((Path(ep.path) / "result.json").read_text(encoding="utf-8"))
@@ -644,7 +658,11 @@ def bind_socket(host: str, port: int, *, tries: int = 20) -> socket.socket:
 
 
 class VizServer:
-    """Runs :func:`create_app` under uvicorn on a background thread (``gmp viz`` and the tests)."""
+    """Runs :func:`create_app` under uvicorn on a background thread (``gmp viz`` and the tests).
+
+    ``warm``: start a build process (and import rerun in it) right away, so the first episode a
+    user opens does not wait for that.
+    """
 
     def __init__(
         self,
@@ -658,8 +676,10 @@ class VizServer:
         cache_dir: Path | None = None,
         tls_dir: Path | None = None,
         scan_interval: float = 2.0,
+        warm: bool = True,
     ) -> None:
         self.host = host
+        self.warm = warm
         self.loopback = is_loopback(host)
         self.https = (not self.loopback) if https is None else https
         self.token = token
@@ -713,6 +733,8 @@ class VizServer:
 
     def run(self) -> None:
         """Serve until interrupted (blocking)."""
+        if self.warm:
+            self.app.state.viz.pool.warm()
         try:
             self.server.run(sockets=[self.sock])
         finally:
@@ -720,6 +742,8 @@ class VizServer:
 
     def start(self) -> VizServer:
         """Serve on a daemon thread; returns when the server accepts connections."""
+        if self.warm:
+            self.app.state.viz.pool.warm()
         self._thread = threading.Thread(
             target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
         )

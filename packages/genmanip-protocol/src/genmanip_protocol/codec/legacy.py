@@ -27,6 +27,7 @@ import numpy as np
 
 from ..errors import DecodeError, EncodeError, UnsafePayloadError
 from ._base import LEGACY_CONTENT_TYPE, MAX_DEPTH, Codec
+from ._dtypes import parse_dtype
 from .tagged import tag_tree, untag_tree
 
 __all__ = ["LegacyCodec", "safe_loads"]
@@ -53,12 +54,13 @@ class _DtypeProxy:
     __slots__ = ("dtype",)
 
     def __init__(self, spec: Any, align: Any = False, copy: Any = False) -> None:
-        if not isinstance(spec, str) or len(spec) > 16:
-            raise _bad(f"numpy dtype spec {spec!r}"[:120])
-        try:
-            dt = np.dtype(spec)
-        except Exception:
-            raise _bad(f"numpy dtype spec {spec!r}") from None
+        if spec in ("O", "O8", "O4", "|O") or (type(spec) is str and spec.startswith("V")):
+            raise UnsafePayloadError(
+                f"numpy dtype {spec!r} (object/void/structured dtypes are refused)"
+            )
+        dt = parse_dtype(spec)
+        if dt is None:
+            raise _bad(f"numpy dtype spec {str(spec)[:40]!r}")
         if dt.kind in "OV" or dt.fields is not None or dt.subdtype is not None:
             raise UnsafePayloadError(
                 f"numpy dtype {spec!r} (object/void/structured dtypes are refused)"

@@ -36,6 +36,7 @@ import numpy as np
 
 from ..errors import DecodeError, EncodeError
 from ._base import MAX_DEPTH, MSGPACK_CONTENT_TYPE, Codec
+from ._dtypes import parse_dtype
 from .observation import JpegFrame, Observation, is_observation_dict
 
 __all__ = ["MAGIC", "MSGPACK_PROTOCOL_VERSION", "MsgpackCodec"]
@@ -342,12 +343,9 @@ def _make_array(mv: memoryview, buffers: list[tuple[int, int]], payload: bytes) 
     if not (isinstance(ref, list) and len(ref) == 3):
         raise DecodeError("array reference: expected [dtype, shape, buffer]", codec="msgpack")
     dstr, shape, idx = ref
-    if not isinstance(dstr, str) or len(dstr) > 8:
-        raise DecodeError(f"array reference: bad dtype {dstr!r}", codec="msgpack")
-    try:
-        dt = np.dtype(dstr)
-    except Exception:
-        raise DecodeError(f"array reference: unknown dtype {dstr!r}", codec="msgpack") from None
+    dt = parse_dtype(dstr)
+    if dt is None:
+        raise DecodeError(f"array reference: bad dtype {str(dstr)[:40]!r}", codec="msgpack")
     if dt.kind not in _ARRAY_KINDS or dt.fields is not None or dt.subdtype is not None:
         raise DecodeError(
             f"array reference: dtype {dstr!r} is not allowed (object/void/structured)",

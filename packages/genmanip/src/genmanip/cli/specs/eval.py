@@ -15,7 +15,7 @@ _DIST = "genmanip-eval"
 def add_eval_flags(parser: argparse.ArgumentParser, *, connection: bool = True) -> None:
     """The flags of ``gmp eval``; ``gmp online run`` reuses them with ``connection=False``."""
     if connection:
-        add_connection_flags(parser, token_env="GMP_TOKEN")
+        add_connection_flags(parser, token_env="GMP_TOKEN")  # noqa: S106 - an env var name
     run = parser.add_argument_group("run")
     add_flag(run, "--run-id", aliases=["--run_id"], metavar="ID", default=None,
              help="run id on the server (default: the server's current job)")
@@ -91,7 +91,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("configs", nargs="+", metavar="CONFIG", help="benchmark config path(s)")
     add_flag(p, "--run-id", aliases=["--run_id"], metavar="ID", default=None,
              help="run id (default: a new timestamped id; an existing id resumes that run)")
-    add_connection_flags(p, token_env="GMP_TOKEN")
+    add_connection_flags(p, token_env="GMP_TOKEN")  # noqa: S106 - an env var name
 
     p = add_command(
         subparsers, "status", handler="genmanip_eval.cli:status", dist=_DIST,
@@ -105,7 +105,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
              help="refresh interval with --watch (default: %(default)s)")
     add_flag(p, "--run-id", aliases=["--run_id"], metavar="ID", default=None,
              help="warn when the server's current run is not this one")
-    add_connection_flags(p, token_env="GMP_TOKEN")
+    add_connection_flags(p, token_env="GMP_TOKEN")  # noqa: S106 - an env var name
 
     p = add_command(
         subparsers, "demo", handler="genmanip.demo:run_demo", dist="genmanip",

@@ -153,6 +153,22 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     add_flag(
         p,
+        "--seed",
+        metavar="N",
+        type=int,
+        default=0,
+        help="world seed: 0 gives the default scenes, other values vary every episode (default: 0)",
+    )
+    add_flag(
+        p,
+        "--without-render",
+        aliases=["--without_render", "-wor"],
+        action="store_true",
+        default=False,
+        help="observations without camera frames (the real server's -wor)",
+    )
+    add_flag(
+        p,
         "--online-token",
         aliases=["--online_token"],
         metavar="TOKEN",
