@@ -54,18 +54,17 @@ def _one(core: EvalCore, wire: _Wire, i: int, moving: bool) -> tuple[float, floa
     return (time.perf_counter() - w0) * 1000.0, (time.process_time() - c0) * 1000.0
 
 
-def _memcpy_ms(core: EvalCore, repeats: int = 50) -> float:
+def _obs_arrays(core: EvalCore) -> list[np.ndarray]:
     ep = core.workers["0"].episode
     assert ep is not None
-    obs = ep.observation()
-    arrays = [v for v in obs.values() if isinstance(v, np.ndarray)]
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for a in arrays:
-            a.copy()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1000.0
+    return [v for v in ep.observation().values() if isinstance(v, np.ndarray)]
+
+
+def _memcpy_ms(arrays: list[np.ndarray]) -> float:
+    t0 = time.perf_counter()
+    for a in arrays:
+        a.copy()
+    return (time.perf_counter() - t0) * 1000.0
 
 
 def main() -> None:
@@ -85,11 +84,13 @@ def main() -> None:
                 for name, codec, frames in codecs:
                     core = _core(Path(tmp) / f"{cache}{moving}{frames}{codec.name}", cache)
                     cases.append((name, cache, moving, core, _Wire(codec, frames, core, pool)))
-        floor = _memcpy_ms(cases[0][3])
+        arrays = _obs_arrays(cases[0][3])
+        floors: list[float] = []
         wall: list[list[float]] = [[] for _ in cases]
         cpu: list[list[float]] = [[] for _ in cases]
         # Round-robin over the cases, so background load hits every case alike.
         for i in range(args.steps + 5):
+            floors.append(_memcpy_ms(arrays))
             for k, (_, _, moving, core, wire) in enumerate(cases):
                 w, c = _one(core, wire, i, moving)
                 if i >= 5:  # warm-up
@@ -98,6 +99,7 @@ def main() -> None:
         for case in cases:
             case[3].close()
     pool.shutdown()
+    floor = statistics.median(floors[5:])
     print(
         f"Testbed per-step cost, lift2 observation (4 cameras), {args.steps} steps per case, medians."
     )

@@ -241,3 +241,24 @@ def test_row_being_written_is_skipped_only_while_recording(tmp_path: Path) -> No
     s = load_series(ep)
     assert s.n_steps == 2
     assert s.warnings == ["steps.jsonl:3: row still being written; ignored"]
+
+
+def test_ee_pose_actions_dual_and_single(tmp_path: Path) -> None:
+    pose = [[0.3, 0.0, 0.2], [1.0, 0.0, 0.0, 0.0], [0.044, 0.044]]
+    dual_rows = [
+        _row(i, robot="manip/lift2/R5a",
+             state={"joints": [0.0] * 12, "gripper": [0.0] * 4, "base": [0.0] * 3},
+             action={"control_type": "ee_pose", "action": [pose, pose], "is_rel": True})
+        for i in range(3)
+    ]  # fmt: skip
+    s = load_series(_episode(tmp_path / "d", dual_rows))
+    assert s.control_type == "ee_pose" and s.action.shape == (3, 18)
+    ap = action_panels(s)
+    assert [p.ylabel for p in ap][:3] == ["position (m)", "quaternion w,x,y,z", "gripper (m)"]
+    assert "relative" in ap[0].title
+    assert [ln.label for ln in ap[1].lines][:4] == ["left w", "left x", "left y", "left z"]
+    np.testing.assert_allclose(ap[0].lines[3].y, [0.3, 0.3, 0.3])  # right arm x
+    single = [_row(i, action={"control_type": "ee_pose", "action": pose}) for i in range(3)]
+    s1 = load_series(_episode(tmp_path / "s", single))
+    assert s1.action.shape == (3, 9)
+    assert [len(p.lines) for p in action_panels(s1)] == [3, 4, 2]

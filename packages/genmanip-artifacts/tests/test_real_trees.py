@@ -68,6 +68,9 @@ def test_server_layout_from_testbed(trees: dict[str, Path]) -> None:
     r = plot_episode(ep)
     assert r.warnings == []
     assert r.frames == s.n_steps + 1  # the reset observation + one per step
+    # The whole run through the command, server layout discovered by the shared reader.
+    run_dir = next(r.path for r in find_runs(trees["base"] / "proj"))
+    assert main(["plot", "--run", str(run_dir), "--no-video", "--jobs", "1"]) == ExitCode.OK
 
 
 def test_clean_on_the_testbed_tree(

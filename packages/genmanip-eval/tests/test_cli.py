@@ -1,20 +1,28 @@
-"""`gmp eval`, `gmp submit`, `gmp status` through the real `gmp` entry point."""
+"""The CLI handlers called directly (the parser lives in the meta package and is tested there)."""
 
 from __future__ import annotations
 
+import argparse
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from genmanip.cli.main import main
-from genmanip_eval.cli import per_task_rows
+from genmanip_eval.cli import per_task_rows, run_eval, status, submit
+from genmanip_eval.errors import GenmanipEvalError, PolicyError
 from genmanip_testbed import serve_testbed
+
+
+def ns(**kw: Any) -> argparse.Namespace:
+    base = {"url": None, "host": "127.0.0.1", "port": 8087, "token": None, "run_id": None,
+            "worker_ids": "0", "processes": 1, "max_episodes": None, "policy": "zero",
+            "policy_arg": [], "chunk_size": 1, "step_chunk": False, "robot": None, "arm_type": None,
+            "gripper_type": None, "control_type": None, "codec": "auto", "frames": "auto",
+            "render_mode": None, "subframes": None, "results_dir": None, "record": True,
+            "live_every": 0, "plot_on_episode_end": False, "quiet": False, "verbose": 0,
+            "json": False, "watch": False, "interval": 0.2}
+    base.update(kw)
+    return argparse.Namespace(**base)
 
 
 def test_per_task_rows() -> None:
@@ -29,105 +37,24 @@ def test_per_task_rows() -> None:
     assert rows[2][1] == 3 and rows[2][3].startswith("[")
 
 
-def test_gmp_eval_end_to_end(smoke: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["eval", "--url", smoke.url, "--policy", "expert", "--worker_ids", "0,1",
-                 "--results-dir", str(tmp_path / "res"), "--chunk-size", "1"])
+def test_run_eval_handler(smoke: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = run_eval(ns(url=smoke.url, policy="expert", worker_ids="0,1", results_dir=str(tmp_path),
+                       arm_type="r5a"))
     out, err = capsys.readouterr()
-    assert code == 0, err
-    # Data on stdout: the per-task table; talk on stderr: episode lines and the results path.
-    assert "testbed/smoke/red_block_easy" in out and "SR 95% CI" in out and "mean score" in out
-    assert "results: " in err and str(tmp_path / "res") in err
-    assert err.count("episode ") >= 2
-    assert len(list((tmp_path / "res").rglob("result.json"))) == 2
+    assert code == 0
+    assert "testbed/smoke/red_block_easy" in out and "SR 95% CI" in out
+    assert "results: " in err
+    with pytest.raises(PolicyError, match="KEY=VALUE"):
+        run_eval(ns(url=smoke.url, policy_arg=["oops"]))
+    with pytest.raises(GenmanipEvalError, match="no worker id"):
+        run_eval(ns(url=smoke.url, worker_ids=","))
 
 
-def test_gmp_eval_no_record_and_bad_policy(smoke: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    code = main(["eval", "--url", smoke.url, "--no_save_process"])
-    assert code == 0 and not (tmp_path / "client_results").exists()
-    capsys.readouterr()
-    code = main(["eval", "--url", smoke.url, "--policy", "nosuchmod:make"])
-    _, err = capsys.readouterr()
-    assert code == 2 and "cannot import 'nosuchmod'" in err
-
-
-def test_gmp_eval_unreachable(capsys: pytest.CaptureFixture[str]) -> None:
-    import socket
-
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    code = main(["eval", "--host", "127.0.0.1", "--port", str(port), "--no-record"])
-    _, err = capsys.readouterr()
-    assert code == 6 and "gmp" in err and str(port) in err
-
-
-def test_submit_and_status(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_submit_status_handlers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with serve_testbed(job=False, results_root=tmp_path, num_steps=3) as tb:
-        code = main(["status", "--url", tb.url])
+        assert submit(ns(url=tb.url, configs=["testbed/smoke"], run_id="x1")) == 0
         out, _ = capsys.readouterr()
-        assert code == 0 and "status:      idle" in out
-        code = main(["submit", "testbed/smoke", "--url", tb.url, "--run-id", "r1"])
-        out, err = capsys.readouterr()
-        assert code == 0 and out.strip() == "r1" and "started run r1" in err
-        # A job with active workers: submit refuses (exit 1), naming the run.
-        code = main(["eval", "--url", tb.url, "--no-record", "--max-episodes", "1"])
-        capsys.readouterr()
-        code = main(["status", "--url", tb.url, "--json"])
+        assert out.strip() == "x1"
+        assert status(ns(url=tb.url, json=True)) == 0
         out, _ = capsys.readouterr()
-        data = json.loads(out)
-        assert data["run_id"] == "r1" and data["completed_episodes"] >= 1
-        if data["status"] == "incomplete":
-            code = main(["submit", "testbed/smoke", "--url", tb.url])
-            _, err = capsys.readouterr()
-            assert code == 1 and "--run-id r1" in err and "incomplete" in err
-        code = main(["submit", "testbed/smoke", "--url", tb.url, "--run_id", "r1"])
-        out, err = capsys.readouterr()
-        assert code == 0 and "resumed run r1" in err
-        code = main(["eval", "--url", tb.url, "--no-record"])
-        capsys.readouterr()
-        assert code == 0
-        code = main(["status", "--url", tb.url, "--watch", "--interval", "0.2"])
-        out, _ = capsys.readouterr()
-        assert "status:      complete" in out and "mean score" in out and "not a success rate" in out
-        code = main(["submit", "testbed/smoke", "--url", tb.url, "--run-id", "r1"])
-        out, err = capsys.readouterr()
-        assert code == 0 and "already complete" in err
-
-
-def test_submit_refuses_while_running(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from genmanip_eval import EvalClient
-
-    with serve_testbed(tasks=("testbed/smoke",), results_root=tmp_path) as tb:
-        with EvalClient(tb.url, ["0"]) as c:
-            c.reset()
-            code = main(["submit", "testbed/smoke", "--url", tb.url])
-            _, err = capsys.readouterr()
-            assert code == 1 and "active workers" in err
-
-
-@pytest.mark.slow
-def test_sigkill_mid_episode_keeps_finished_episodes(tmp_path: Path) -> None:
-    """A run killed with SIGKILL: finished episodes intact, the partial one marked INCOMPLETE."""
-    res = tmp_path / "res"
-    with serve_testbed(tasks=("testbed/smoke",), num_steps=4, results_root=tmp_path / "srv") as tb:
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), *sys.path]))
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "genmanip", "eval", "--url", tb.url, "--results-dir", str(res),
-             "--policy", "helper_policies:killer", "--policy-arg", "at=7", "--policy-arg", "wait=3"],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        )
-        _, err = proc.communicate(timeout=120)
-    assert proc.returncode == -signal.SIGKILL, err.decode()
-    eps = sorted(p.parent for p in res.rglob("steps.jsonl"))
-    assert len(eps) == 2
-    done, partial = eps
-    assert (done / "result.json").is_file() and not (done / "INCOMPLETE").exists()
-    assert len(list(done.glob("*.mp4"))) == 4
-    assert (partial / "INCOMPLETE").is_file() and not (partial / "result.json").exists()
-    assert not list(partial.glob("*.mp4"))
-    er = json.loads((done.parent / "episode_result.json").read_text())
-    assert list(er) == [done.name]
-    time.sleep(0)
+        assert json.loads(out)["run_id"] == "x1"

@@ -185,3 +185,19 @@ def test_old_float_metrics_and_context_manager(smoke: Any) -> None:
             e, _ = c.step(zero_for(e["0"]["obs"]))
         metric = c.metrics
         assert all(isinstance(v, dict) and "score" in v for v in metric.values())
+
+
+@pytest.mark.slow
+def test_survives_idle_keepalive_close(smoke: Any) -> None:
+    # uvicorn closes keep-alive connections idle for 5 s; a policy that thinks longer than that
+    # must not break the run (the transport reconnects before sending).
+    import time
+
+    with EvalClient(smoke.url, ["0"]) as c:
+        e = c.reset()
+        e, _ = c.step(zero_for(e["0"]["obs"]))
+        time.sleep(6.0)
+        e, _ = c.step(zero_for(e["0"]["obs"]))
+        assert e["0"]["executed_steps"] == 1 and e["0"]["obs"]["timestep"] == 2
+        assert c.http.connections_opened == 2
+    assert smoke.stats.snapshot()["steps_by_worker"] == {"0": 2}

@@ -95,3 +95,15 @@ def test_bad_policy_outputs() -> None:
 def test_expert_builtin_loads() -> None:
     h = PolicyHandle.create("expert")
     assert h.has_action or h.has_chunk
+
+
+def test_policy_exception_is_named() -> None:
+    from genmanip_protocol.errors import ExitCode
+
+    class Boom:
+        def get_action(self, obs):  # type: ignore[no-untyped-def]
+            raise ValueError("bad tensor shape")
+
+    with pytest.raises(PolicyError, match=r"get_action\(obs\) raised ValueError: bad tensor shape") as info:
+        PolicyHandle(Boom(), name="mypkg:make").action({})
+    assert info.value.exit_code == ExitCode.FAILURE and isinstance(info.value.__cause__, ValueError)

@@ -261,3 +261,12 @@ def test_recorders_in_several_processes_share_task_results(tmp_path: Path) -> No
     assert len(er) == 9
     run = json.loads((tmp_path / "testbed/run1/run.json").read_text())
     assert run["workers"] == [] or isinstance(run["workers"], list)
+
+
+def test_live_view_refuses_unsafe_worker_id(tmp_path: Path) -> None:
+    rec = Recorder(tmp_path / "root", live_every=1)
+    rec.observation("../../evil", make_obs(0, reset=True))
+    rec.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["root"]
+    assert not (tmp_path / "root" / "testbed" / "evil").exists()
+    assert not list((tmp_path / "root").rglob("live.json"))

@@ -477,3 +477,14 @@ def test_numpy_scalars_in_replies_become_python_scalars() -> None:
     assert obs["timestep"] == 3 and type(obs["timestep"]) is int
     assert type(obs["state.base"][0]) is float and obs["reset"] is True
     assert type(CODEC.decode(pickle.dumps(np.float64(2.5)))) is float
+
+
+@pytest.mark.parametrize("protocol", [2, 4, 5])
+def test_untagged_numpy_replies_decode_too(protocol: int) -> None:
+    # a server (or a saved file) that pickles arrays directly instead of tagging them
+    rgb = np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3)
+    reply = {"0": {"obs": {"state.joints": np.arange(3.0), "video.a_view": rgb, "timestep": 1}}}
+    obs = CODEC.decode(pickle.dumps(reply, protocol=protocol))["0"]["obs"]
+    assert isinstance(obs, Observation) and not obs.is_encoded("video.a_view")
+    assert np.array_equal(obs["video.a_view"], rgb) and obs.frame_bytes("video.a_view") is None
+    assert not obs["state.joints"].flags.writeable

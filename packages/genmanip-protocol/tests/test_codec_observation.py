@@ -71,7 +71,9 @@ def test_decode_all_runs_on_the_thread_pool(decode_calls: list[str]) -> None:
     obs = Observation(_frames())
     obs.decode_all()
     assert len(decode_calls) == 3
-    assert all(name.startswith("gmp-jpeg") for name in decode_calls)
+    # the caller decodes one frame itself, the pool the others
+    assert sorted(n.startswith("gmp-jpeg") for n in decode_calls) == [False, True, True]
+    assert threading.current_thread().name in decode_calls
 
 
 def test_iteration_values_items_decode_all_keys_do_not(decode_calls: list[str]) -> None:

@@ -85,14 +85,17 @@ def _same(a: Any, b: Any, path: str = "") -> None:
         assert type(b) is type(a) and b == a, (path, a, b)
 
 
+@pytest.mark.slow  # hypothesis array generation: a few seconds per codec
 @pytest.mark.parametrize("codec", CODECS, ids=lambda c: c.name)
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=80, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(tree=trees)
 def test_roundtrip(codec: Any, tree: Any) -> None:
     _same(tree, codec.decode(codec.encode(tree)))
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=50, deadline=None, database=None)
 @given(tree=trees)
 def test_msgpack_parts_equal_encode(tree: Any) -> None:
     codec = MsgpackCodec()
@@ -100,7 +103,7 @@ def test_msgpack_parts_equal_encode(tree: Any) -> None:
 
 
 @pytest.mark.parametrize("codec", CODECS, ids=lambda c: c.name)
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, database=None)
 @given(arr=arrays)
 def test_array_dtype_and_byte_order_survive(codec: Any, arr: np.ndarray) -> None:
     out = codec.decode(codec.encode({"state.x": arr}))["state.x"]
@@ -109,7 +112,7 @@ def test_array_dtype_and_byte_order_survive(codec: Any, arr: np.ndarray) -> None
 
 
 @pytest.mark.parametrize("codec", CODECS, ids=lambda c: c.name)
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25, deadline=None, database=None)
 @given(
     h=st.integers(1, 40),
     w=st.integers(1, 40),

@@ -7,6 +7,7 @@ DevTools protocol by Playwright (its own browser downloads are not used). Screen
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import shutil
@@ -15,8 +16,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from genmanip_viz.server import VizServer
+from PIL import Image
 
 CHROMIUM = os.environ.get("GMP_CHROMIUM", "/usr/bin/chromium")
 FLAGS = [
@@ -26,7 +29,8 @@ FLAGS = [
     "--enable-unsafe-swiftshader",
 ]  # fmt: skip
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
+# Generous: loading and compiling the 43 MB viewer Wasm under SwiftShader on a busy 2-core box.
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 @pytest.fixture(scope="module")
@@ -99,10 +103,20 @@ def replay_in_browser(
         timeout=120_000,
     )
     mark("canvas")
-    # Let the viewer decode the recording and draw a few frames before looking.
-    deadline = time.monotonic() + 6
+    # Wait until a decoded video frame is on screen: the synthetic cameras show a yellow square
+    # (250, 250, 40) that nothing else in the UI has. Proves WebCodecs decoded the H.264 asset.
+    box = page.locator("#viewer").bounding_box()
+    assert box is not None
+    clip = {"x": box["x"], "y": box["y"], "width": box["width"], "height": box["height"] * 0.6}
+    yellow = 0
+    deadline = time.monotonic() + 150
     while time.monotonic() < deadline:
-        page.wait_for_timeout(500)
+        png = page.screenshot(clip=clip, timeout=180_000)
+        img = np.asarray(Image.open(io.BytesIO(png)).convert("RGB")).astype(np.int16)
+        yellow = int(((img[..., 0] > 200) & (img[..., 1] > 200) & (img[..., 2] < 120)).sum())
+        if yellow > 500:
+            break
+        page.wait_for_timeout(1000)
     page.screenshot(path=str(shots / f"{prefix}3-episode.png"), timeout=180_000)
     mark("shot")
     canvas_size = page.evaluate(
@@ -112,6 +126,7 @@ def replay_in_browser(
     title = page.title()
     page.close()
     return {
+        "video_pixels": yellow,
         "status": status,
         "size": body_size,
         "page_errors": page_errors,
@@ -138,6 +153,7 @@ def test_replay_episodes_in_chromium(
         assert got["status"] == 200 and got["size"] > 10_000
         assert got["page_errors"] == []
         assert got["canvas"][0] > 100 and got["canvas"][1] > 100
+        assert got["video_pixels"] > 500, "no decoded camera frame became visible in the viewer"
         assert not [
             e
             for e in _real_errors(got["console_errors"])

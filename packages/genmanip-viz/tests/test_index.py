@@ -18,7 +18,7 @@ from genmanip_viz.index import (
 )
 from genmanip_viz.testing import write_client_run, write_live_worker
 
-from .conftest import XSS_TASK
+from .conftest import XSS_INSTRUCTION, XSS_TASK
 
 
 def _view(tree: Path, run: str):
@@ -80,11 +80,13 @@ def test_compare_runs_on_shared_seeds(tree: Path) -> None:
 
 def test_live_workers(tree: Path, tmp_path: Path) -> None:
     srv = next(p for p in tree.rglob("srv_run") if p.is_dir())
-    ws = live_workers(srv)
+    # the session tree may be minutes old by now: judge freshness relative to its files
+    now = (srv / ".live" / "1" / "live.json").stat().st_mtime + 1.0
+    ws = live_workers(srv, now=now)
     assert [w.worker_id for w in ws] == ["1"]
     assert ws[0].cameras == ("left_camera", "top_camera") and ws[0].fresh
     assert ws[0].state["step"] == 7
-    assert live_workers(srv, now=time.time() + 3600)[0].fresh is False
+    assert live_workers(srv, now=now + 3600)[0].fresh is False
     # hostile names in .live are ignored
     run = write_client_run(tmp_path, "b", "r", tasks={"t/x": [1.0]}, videos=False)
     write_live_worker(run, "ok")
@@ -116,6 +118,13 @@ def test_results_index_is_incremental(tmp_path: Path) -> None:
 
 
 def test_discovery_agrees_with_protocol_results(tree: Path) -> None:
+    srv_dir = next(p for p in tree.rglob("srv_run") if p.is_dir())
+    write_live_worker(  # refresh (same content as conftest writes)
+        srv_dir,
+        "1",
+        episode_id="ebench/srv_run/ebench/kitchen/open_drawer/2",
+        instruction=XSS_INSTRUCTION,
+    )  #: the session tree may be older than LIVE_FRESH_S
     idx = ResultsIndex(tree)
     try:
         snap = idx.wait_for_scan()

@@ -18,7 +18,7 @@ from genmanip_viz.recording import build_recording
 from genmanip_viz.server import VizServer
 from rerun.chunk import RrdReader
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 @pytest.fixture(scope="module")

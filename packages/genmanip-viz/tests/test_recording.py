@@ -178,3 +178,21 @@ def test_mp4v_server_video_is_transcoded_for_the_browser(tmp_path: Path) -> None
     assert _entities(out)["/cameras/left_camera"] == 10
     blob = out.read_bytes()
     assert b"avc1" in blob  # the embedded video is H.264 now
+
+
+def test_read_only_episode_dir_is_a_typed_error(tmp_path: Path) -> None:
+    import os as _os
+
+    run = write_client_run(tmp_path, "b", "r", tasks={"t/a": [1.0]}, steps=4)
+    ep_dir = run / "t/a/0"
+    ep_dir.chmod(0o555)
+    try:
+        if _os.access(ep_dir, _os.W_OK):  # root ignores permissions: make the target a directory
+            ep_dir.chmod(0o755)
+            (ep_dir / RRD_NAME).mkdir()
+        with pytest.raises(RecordingBuildError) as ei:
+            build_recording(load_episode(ep_dir))
+        assert "cannot write the recording" in str(ei.value)
+        assert not list(ep_dir.glob("*.part"))
+    finally:
+        ep_dir.chmod(0o755)

@@ -241,3 +241,17 @@ def test_bind_socket_tries_next_ports() -> None:
         first.close()
     s = socket.socket()
     s.close()
+
+
+def test_scan_failure_is_reported_not_hidden(
+    tmp_path: Path, viz_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from genmanip_protocol import results
+
+    def boom(self: object, **kw: object) -> list[object]:
+        raise OSError("disk on fire")
+
+    monkeypatch.setattr(results.RunScanner, "scan", boom)
+    with VizServer(tmp_path, cache_dir=viz_cache, warm=False) as s:
+        r = requests.get(s.base_url + "/", timeout=30)
+    assert r.status_code == 500 and "disk on fire" in r.text

@@ -91,11 +91,14 @@ def plot(args: argparse.Namespace) -> int:
     console = Console.from_args(args)
     jobs = _collect_jobs(args, console)
     n_jobs = getattr(args, "jobs", None)
-    workers = int(n_jobs) if n_jobs else (os.cpu_count() or 1)
+    workers = int(n_jobs) if n_jobs is not None else (os.cpu_count() or 1)
     if workers < 1:
         raise ArtifactsUsageError(f"--jobs: expected a positive number, got {n_jobs}")
     video = bool(getattr(args, "video", True))
     failed = 0
+    # Written files go to stdout as they appear, unless stdout shares the terminal with the live
+    # progress line (stderr): then they are printed once the line is gone.
+    held: list[str] | None = [] if console.is_tty and _isatty(sys.stdout) else None
 
     with console.progress(len(jobs), "plot", unit="episodes") as progress:
 
@@ -109,8 +112,12 @@ def plot(args: argparse.Namespace) -> int:
                 for w in r.warnings:
                     console.warn(f"{o.episode_dir}: {w}")
                 files = [r.state_plot, r.action_plot] + ([r.video] if r.video else [])
-                sys.stdout.write("".join(f"{f}\n" for f in files))
-                sys.stdout.flush()
+                lines = [f"{f}\n" for f in files]
+                if held is not None:
+                    held.extend(lines)
+                else:
+                    sys.stdout.write("".join(lines))
+                    sys.stdout.flush()
             if failed:
                 progress.update(1, failed=failed)
             else:
@@ -118,11 +125,21 @@ def plot(args: argparse.Namespace) -> int:
 
         plot_episodes(jobs, video=video, workers=min(workers, len(jobs)), on_done=done)
         elapsed = progress.elapsed_s
+    if held:
+        sys.stdout.write("".join(held))
+        sys.stdout.flush()
     ok = len(jobs) - failed
     console.info(f"plotted {ok} of {len(jobs)} episode(s) in {format_duration(elapsed)}")
     if failed:
         raise PlotFailures(failed, len(jobs))
     return int(ExitCode.OK)
+
+
+def _isatty(stream: object) -> bool:
+    try:
+        return bool(stream.isatty())  # type: ignore[attr-defined]
+    except (AttributeError, ValueError):
+        return False
 
 
 # ---------------------------------------------------------------- clean
@@ -162,10 +179,7 @@ def _confirm(console: Console, question: str) -> bool:
 
 
 def _interactive() -> bool:
-    try:
-        return sys.stdin.isatty() and sys.stderr.isatty()
-    except (AttributeError, ValueError):
-        return False
+    return _isatty(sys.stdin) and _isatty(sys.stderr)
 
 
 def clean(args: argparse.Namespace) -> int:

@@ -23,6 +23,7 @@ import importlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from genmanip_protocol.errors import ExitCode
 from genmanip_protocol.robots import get_robot
 
 from .actions import is_action_dict
@@ -166,13 +167,24 @@ class PolicyHandle:
             raise PolicyError(f"--policy {spec!r}: the factory rejected its arguments: {exc}") from exc
         return cls(policy, name=spec)
 
+    def _call(self, what: str, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except PolicyError:
+            raise
+        except Exception as exc:
+            # The user's code failed, not gmp: say so (the traceback is shown with gmp -v).
+            err = PolicyError(f"{self.name}: {what} raised {type(exc).__name__}: {exc}")
+            err.exit_code = ExitCode.FAILURE  # type: ignore[misc]
+            raise err from exc
+
     def reset(self) -> None:
         fn = getattr(self.policy, "reset", None)
         if callable(fn):
-            fn()
+            self._call("reset()", fn)
 
     def action(self, obs: Any) -> Any:
-        result = _unwrap(self.policy.get_action(obs), "get_action")
+        result = _unwrap(self._call("get_action(obs)", self.policy.get_action, obs), "get_action")
         if not is_action_dict(result):
             raise PolicyError(
                 f"{self.name}: get_action returned {type(result).__name__}, expected an action dict "
@@ -181,7 +193,9 @@ class PolicyHandle:
         return result
 
     def chunk(self, obs: Any) -> list[Any]:
-        result = _unwrap(self.policy.get_action_chunk(obs), "get_action_chunk")
+        result = _unwrap(
+            self._call("get_action_chunk(obs)", self.policy.get_action_chunk, obs), "get_action_chunk"
+        )
         if isinstance(result, Mapping) and is_action_dict(result):
             result = [result]
         if not isinstance(result, (list, tuple)) or not result:

@@ -430,6 +430,15 @@ class Recorder:
             self._merge_run_json(ep.run_dir)
         d = self._safe_dir(ep.directory)
         # A re-run replaces the previous attempt: rows of different attempts never mix.
+        if (d / "result.json").exists():
+            # ... and the task's episode_result.json must not keep claiming the replaced attempt
+            # (found by tests/reliability/test_hostile_server.py).
+            seed_key = ep.seed
+
+            def drop(cur: dict[str, Any]) -> None:
+                cur.pop(seed_key, None)
+
+            merge_json(d.parent / "episode_result.json", drop, d.parent / "episode_result.lock")
         for name in _RECORDING_FILES:
             (d / name).unlink(missing_ok=True)
         for mp4 in d.glob("*.mp4"):
@@ -506,8 +515,14 @@ class Recorder:
         self._tq.put((ep, result, cams, _now()))
 
     def _w_live(self, run_dir: Path, worker_id: str, frames: dict[str, Any], info: dict[str, Any]) -> None:
-        d = run_dir / ".live" / worker_id
-        d.mkdir(parents=True, exist_ok=True)
+        try:
+            rel = safe_relative_path(worker_id, field="worker_id")
+        except ValidationError:
+            rel = None
+        if rel is None or len(rel.parts) != 1:
+            log.warning("no live view for worker id %r: not usable as a directory name", worker_id)
+            return
+        d = self._safe_dir(run_dir / ".live" / worker_id)
         cams = []
         for cam, value in frames.items():
             if isinstance(value, (bytes, bytearray, memoryview)):

@@ -60,6 +60,8 @@ _SINGLE_SEND_MAX = 256 * 1024
 _DETAIL_MAX = 600
 _UPLOAD_CHUNK = 1024 * 1024
 
+_QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
+
 _warned_plaintext: set[str] = set()
 _warn_lock = threading.Lock()
 
@@ -626,6 +628,14 @@ class HttpTransport:
             raise
         except (OSError, http.client.HTTPException) as exc:
             raise _EarlyFailure(exc) from exc
+        if _QUICKACK is not None:
+            # Linux delays ACKs of a reply that arrives in several segments after the connection
+            # was idle; the sender then stalls ~40 ms per request. Quick-ACK mode (not sticky:
+            # set again per request) removes the stall. (Added by the eval helper, see report.)
+            try:
+                conn.sock.setsockopt(socket.IPPROTO_TCP, _QUICKACK, 1)
+            except OSError:
+                pass
         try:
             resp = conn.getresponse()
         except TimeoutError:

@@ -222,6 +222,7 @@ class ResultsIndex:
         self._want = False
         self._busy = False
         self._error: BaseException | None = None
+        self._attempts = 0  # finished scans, good or failed
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="gmp-viz-scan", daemon=True)
         self._thread.start()
@@ -266,6 +267,7 @@ class ResultsIndex:
                 if snap is not None:
                     self._snap = snap
                 self._error = err
+                self._attempts += 1
                 self._busy = False
                 self._cond.notify_all()
 
@@ -284,12 +286,15 @@ class ResultsIndex:
                 self._want = True
                 self._cond.notify_all()
             if stale:
+                attempts = self._attempts
                 while True:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         break
                     if self._snap is not snap and self._snap is not None:
                         break
+                    if self._attempts != attempts and not self._busy and not self._want:
+                        break  # a scan finished (perhaps failed): answer with what there is
                     if snap is not None and not self._busy and not self._want:
                         break
                     self._cond.wait(remaining)

@@ -25,7 +25,7 @@ import json
 import math
 import os
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -54,7 +54,7 @@ RRD_NAME = ".genmanip_vis.rrd"
 #: Sidecar with the inputs' sizes/mtimes the recording was built from.
 SIDECAR_NAME = ".genmanip_vis.rrd.json"
 #: Bumped whenever the recording's content or blueprint changes, so old recordings are rebuilt.
-BUILDER_VERSION = 2
+BUILDER_VERSION = 3
 #: The server's own recording (written with ``--save_process`` when rerun-sdk is installed there).
 SERVER_RRD_NAME = "episode.rrd"
 
@@ -223,7 +223,7 @@ def _load_client(episode: EpisodeInfo, data: EpisodeData) -> None:
                         s.append(step)
                         v.append(vec)
                     base = _as_vector(action.get("base_motion"))
-                    if base is not None and data_is_mobile(episode, data):
+                    if base is not None and _is_mobile(episode, data):
                         s, v = action_rows.setdefault("base_motion", ([], []))
                         s.append(step)
                         v.append(base)
@@ -251,7 +251,7 @@ def _load_client(episode: EpisodeInfo, data: EpisodeData) -> None:
     }
 
 
-def data_is_mobile(episode: EpisodeInfo, data: EpisodeData) -> bool:
+def _is_mobile(episode: EpisodeInfo, data: EpisodeData) -> bool:
     """Whether the episode's robot has a mobile base (dual-arm robots); unknown robots: yes."""
     try:
         from genmanip_protocol.robots import get_robot
@@ -339,9 +339,18 @@ def _blueprint(data: EpisodeData) -> Any:
     import rerun.blueprint as rrb
 
     cams = [rrb.Spatial2DView(origin=f"cameras/{cam}", name=cam) for cam in data.videos]
-    plots = [
-        rrb.TimeSeriesView(origin=f"state/{key}", name=f"state: {key}") for key in data.state
-    ] + [rrb.TimeSeriesView(origin=f"action/{key}", name=f"action: {key}") for key in data.action]
+
+    def plot(group: str, key: str, width: int) -> Any:
+        # Legends of 12- or 16-wide series would cover the curves; hovering names them anyway.
+        return rrb.TimeSeriesView(
+            origin=f"{group}/{key}",
+            name=f"{group}: {key}",
+            plot_legend=rrb.PlotLegend(visible=width <= 4),
+        )
+
+    plots = [plot("state", k, v[1].shape[1]) for k, v in data.state.items()] + [
+        plot("action", k, v[1].shape[1]) for k, v in data.action.items()
+    ]
     text = [
         rrb.TextDocumentView(origin="instruction", name="instruction"),
         rrb.TextDocumentView(origin="result", name="result"),
@@ -503,20 +512,16 @@ def build_recording(episode: EpisodeInfo, *, force: bool = False) -> Path:
     try:
         _write(data, part)
         os.replace(part, out)
+        from genmanip_protocol.atomic import atomic_write_json
+
+        atomic_write_json(ep_dir / SIDECAR_NAME, fingerprint)
+    except OSError as exc:
+        part.unlink(missing_ok=True)
+        raise RecordingBuildError(
+            f"cannot write the recording next to {ep_dir}: {exc}",
+            hint="the results directory must be writable (or pre-build with gmp viz build elsewhere)",
+        ) from exc
     except BaseException:
         part.unlink(missing_ok=True)
         raise
-    from genmanip_protocol.atomic import atomic_write_json
-
-    atomic_write_json(ep_dir / SIDECAR_NAME, fingerprint)
     return out
-
-
-def iter_recordings(episodes: Iterable[EpisodeInfo]) -> Iterable[Path]:
-    """Yield the recording path of every episode that has one (built or the server's own)."""
-    for ep in episodes:
-        for name in (SERVER_RRD_NAME, RRD_NAME):
-            p = Path(ep.path) / name
-            if p.is_file():
-                yield p
-                break

@@ -388,10 +388,16 @@ def create_app(
         snap = state.index.snapshot()
         return snap
 
+    def _scanning() -> HTMLResponse:
+        err = state.index.last_error
+        if err is not None:
+            return _html(pages.error_page(500, f"cannot scan {root}: {err}"), 500)
+        return _html(pages.scanning_page())
+
     async def runs(request: Request) -> Response:
         snap = await run_in_threadpool(snapshot_or_scanning)
         if snap is None:
-            return _html(pages.scanning_page())
+            return _scanning()
         return _html(pages.runs_page(snap, str(root)))
 
     def _view(request: Request) -> RunView | None:
@@ -403,7 +409,7 @@ def create_app(
     async def run(request: Request) -> Response:
         snap = await run_in_threadpool(snapshot_or_scanning)
         if snap is None:
-            return _html(pages.scanning_page())
+            return _scanning()
         view = snap.by_key.get(str(request.path_params["key"]))
         if view is None:
             return _not_found("run")
@@ -482,6 +488,8 @@ def create_app(
                 path = Path(built)
             except RecordingBuildError as exc:
                 return _html(pages.error_page(500, f"cannot build the recording: {exc}"), 500)
+            except Exception as exc:  # a crashed build process must not take the page down
+                return _html(pages.error_page(500, f"recording build failed: {exc!r}"), 500)
         if not is_within(path, root):
             return _not_found("recording")
         return FileResponse(
@@ -540,7 +548,7 @@ def create_app(
     async def live(request: Request) -> Response:
         snap = await run_in_threadpool(snapshot_or_scanning)
         if snap is None:
-            return _html(pages.scanning_page())
+            return _scanning()
         view = snap.by_key.get(str(request.path_params["key"]))
         if view is None:
             return _not_found("run")

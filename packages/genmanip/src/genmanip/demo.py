@@ -37,7 +37,7 @@ def run_demo(args: argparse.Namespace) -> int:
     root = Path(getattr(args, "results_dir", None) or "gmp-demo").expanduser().absolute()
     workers = max(1, int(getattr(args, "workers", 4) or 4))
     processes = max(1, min(workers, int(getattr(args, "processes", 2) or 1)))
-    tasks = getattr(args, "tasks", None) or "testbed/reach/easy"
+    tasks = getattr(args, "tasks", None) or "testbed/reach"
     policy = getattr(args, "policy", None) or "expert"
     with tempfile.TemporaryDirectory(prefix="gmp-demo-server-") as server_root:
         with serve_testbed(tasks=(tasks,), results_root=server_root, save_process=False) as tb:

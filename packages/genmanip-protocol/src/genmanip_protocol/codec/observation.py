@@ -157,10 +157,7 @@ class Observation(MutableMapping[str, Any]):
         if type(value) is JpegFrame:
             frame: JpegFrame = value
             arr = frame.decode()
-            # Another thread may have decoded (or replaced) it meanwhile; only replace our frame.
-            if self._data.get(key) is frame:
-                self._data[key] = arr
-                self._jpeg[key] = frame
+            self._store(key, frame, arr)
             return arr
         return value
 
@@ -272,20 +269,32 @@ class Observation(MutableMapping[str, Any]):
         if len(pending) == 1:
             self[pending[0][0]]
             return
-        futures = [(k, v, _decode_pool().submit(v.decode)) for k, v in pending]
+        # The caller decodes the first frame itself while the pool takes the rest: one thread
+        # hand-off less, and progress even when the pool's threads wait for a busy CPU.
+        pool = _decode_pool()
+        futures = [(k, v, pool.submit(v.decode)) for k, v in pending[1:]]
         error: BaseException | None = None
+        k0, v0 = pending[0]
+        try:
+            self._store(k0, v0, v0.decode())
+        except BaseException as exc:  # re-raised after the pool's work is collected
+            error = exc
         for k, v, fut in futures:
             try:
                 arr = fut.result()
-            except BaseException as exc:  # collect, then re-raise the first one after all finished
+            except BaseException as exc:
                 if error is None:
                     error = exc
                 continue
-            if self._data.get(k) is v:
-                self._data[k] = arr
-                self._jpeg[k] = v
+            self._store(k, v, arr)
         if error is not None:
             raise error
+
+    def _store(self, key: str, frame: JpegFrame, arr: np.ndarray) -> None:
+        # Only replace the frame we decoded (another thread or the user may have replaced it).
+        if self._data.get(key) is frame:
+            self._data[key] = arr
+            self._jpeg[key] = frame
 
     def to_dict(self, decode: bool = True) -> dict[str, Any]:
         """A plain dict copy. ``decode=False`` leaves JPEG frames as :class:`JpegFrame`."""

@@ -115,7 +115,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
              help="worker ids to drive (default: %(default)s)")
     add_flag(p, "--processes", metavar="N", type=int, default=2,
              help="client processes the workers are spread over (default: %(default)s)")
-    add_flag(p, "--tasks", metavar="CONFIG", default="testbed/reach/easy",
+    add_flag(p, "--tasks", metavar="CONFIG", default="testbed/reach",
              help="testbed task set (default: %(default)s)")
     add_flag(p, "--policy", metavar="SPEC", default="expert",
              help="policy to run (default: %(default)s)")

@@ -1,0 +1,145 @@
+"""Integrity checks of a client-layout results tree, shared by the fault runs (items 1-4).
+
+:func:`check_run` walks ``<results>/<benchmark>/<run_id>/`` and returns every problem found:
+a finished episode (``result.json`` present) must have ``steps.jsonl`` whose every row parses and
+whose ``step`` indices are exactly ``0..n-1``, ``result.json`` consistent with it (``steps``,
+``episode_id``), every camera video decodable with one frame per observation, no ``INCOMPLETE``
+marker; each task's ``episode_result.json`` must list exactly the finished seeds with the same
+score; an unfinished episode directory must carry ``INCOMPLETE``. Optionally the server's count of
+executed actions per episode is compared with the rows (a replayed step shows up there).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["RunCheck", "check_run", "find_run_dir", "python_env"]
+
+
+def python_env(**extra: str) -> dict[str, str]:
+    """Environment for a ``python -m genmanip`` child: unbuffered, no colour, no stray tokens."""
+    env = {k: v for k, v in os.environ.items() if k not in ("GMP_TOKEN", "GENMANIP_RESULT_DIR")}
+    env.update({"PYTHONUNBUFFERED": "1", "NO_COLOR": "1"})
+    env.update(extra)
+    return env
+
+
+GMP = [sys.executable, "-m", "genmanip"]
+
+
+@dataclass
+class RunCheck:
+    """What :func:`check_run` found. ``problems`` empty means the tree is consistent."""
+
+    finished: dict[str, Path] = field(default_factory=dict)  # episode_id -> dir
+    incomplete: dict[str, Path] = field(default_factory=dict)
+    rows: dict[str, int] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    videos_checked: int = 0
+
+    @property
+    def finished_seeds(self) -> set[tuple[str, str]]:
+        return {(str(p.parent), p.name) for p in self.finished.values()}
+
+
+def find_run_dir(results: Path) -> Path | None:
+    runs = sorted(p.parent for p in results.glob("*/*/run.json"))
+    return runs[0] if runs else None
+
+
+def _video_frames(path: Path) -> int:
+    """Decode every frame (ffmpeg to the null muxer, errors fatal); return the frame count."""
+    import subprocess
+
+    from genmanip_protocol.video import ffmpeg_executable, video_info
+
+    res = subprocess.run([ffmpeg_executable(), "-nostdin", "-v", "error", "-xerror", "-i", str(path),
+                          "-f", "null", "-"], capture_output=True, timeout=120, check=False)
+    if res.returncode != 0 or res.stderr.strip():
+        raise RuntimeError(f"ffmpeg decode failed: {res.stderr.decode('utf-8', 'replace')[-200:]}")
+    return int(video_info(path).n_frames)
+
+
+def check_run(run_dir: Path, *, server_steps: Mapping[str, int] | None = None,
+              decode_videos: bool = True) -> RunCheck:
+    res = RunCheck()
+    if not run_dir.is_dir():
+        res.problems.append(f"{run_dir}: missing")
+        return res
+    try:
+        json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError) as exc:
+        res.problems.append(f"run.json: {exc}")
+    episode_dirs = [p.parent for p in run_dir.rglob("steps.jsonl")]
+    episode_dirs += [p.parent for p in run_dir.rglob("INCOMPLETE") if p.parent not in episode_dirs]
+    by_task: dict[Path, dict[str, float]] = {}
+    for d in sorted(set(episode_dirs)):
+        rel = d.relative_to(run_dir)
+        result = d / "result.json"
+        if not result.exists():
+            eid = str(rel)
+            res.incomplete[eid] = d
+            if not (d / "INCOMPLETE").exists():
+                res.problems.append(f"{rel}: unfinished but no INCOMPLETE marker")
+            continue
+        try:
+            info = json.loads(result.read_text())
+        except ValueError as exc:
+            res.problems.append(f"{rel}/result.json: does not parse ({exc})")
+            continue
+        eid = str(info.get("episode_id"))
+        res.finished[eid] = d
+        if (d / "INCOMPLETE").exists():
+            res.problems.append(f"{rel}: result.json and INCOMPLETE both present")
+        rows: list[dict[str, Any]] = []
+        try:
+            for i, line in enumerate((d / "steps.jsonl").read_text().splitlines()):
+                rows.append(json.loads(line))
+        except (OSError, ValueError) as exc:
+            res.problems.append(f"{rel}/steps.jsonl: row {len(rows)}: {exc}")
+        steps = [r.get("step") for r in rows]
+        if steps != list(range(len(rows))):
+            res.problems.append(f"{rel}/steps.jsonl: step indices are not 0..{len(rows) - 1}")
+        if info.get("steps") != len(rows):
+            res.problems.append(f"{rel}: result.json steps={info.get('steps')} but {len(rows)} rows")
+        res.rows[eid] = len(rows)
+        if server_steps is not None and eid in server_steps and server_steps[eid] != len(rows):
+            res.problems.append(
+                f"{rel}: the server executed {server_steps[eid]} actions, steps.jsonl has {len(rows)}")
+        frames = {r.get("frame") for r in rows if r.get("frame") is not None}
+        mp4s = sorted(d.glob("*.mp4"))
+        if frames and not mp4s:
+            res.problems.append(f"{rel}: rows reference frames but there is no video")
+        if decode_videos:
+            for mp4 in mp4s:
+                try:
+                    n = _video_frames(mp4)
+                except Exception as exc:  # noqa: BLE001 - any failure is the finding
+                    res.problems.append(f"{rel}/{mp4.name}: does not decode ({exc})"[:300])
+                    continue
+                res.videos_checked += 1
+                if frames and n < max(frames) + 1:
+                    res.problems.append(f"{rel}/{mp4.name}: {n} frames, rows reference frame {max(frames)}")
+        by_task.setdefault(d.parent, {})[d.name] = info.get("score")
+    for task_dir in {p.parent for p in run_dir.rglob("episode_result.json")} | set(by_task):
+        path = task_dir / "episode_result.json"
+        try:
+            merged = json.loads(path.read_text()) if path.exists() else {}
+        except ValueError as exc:
+            res.problems.append(f"{path.relative_to(run_dir)}: does not parse ({exc})")
+            continue
+        done = by_task.get(task_dir, {})
+        if set(merged) != set(done):
+            res.problems.append(
+                f"{task_dir.relative_to(run_dir)}/episode_result.json lists {sorted(merged)}, "
+                f"finished episodes are {sorted(done)}")
+        for seed, score in done.items():
+            if seed in merged and merged[seed].get("score") != score:
+                res.problems.append(f"{task_dir.relative_to(run_dir)}/{seed}: score differs")
+    return res
