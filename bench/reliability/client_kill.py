@@ -63,7 +63,7 @@ def _fingerprints(run_dir: Path | None) -> dict[str, str]:
             for p in run_dir.rglob("result.json")}
 
 
-def run(kills: int = 50, *, tasks: str = "testbed/all", seed: int = 1, min_delay: float = 0.3,
+def run(kills: int = 50, *, tasks: str = "testbed/all", seed: int = 1, min_delay: float = 1.0,
         max_delay: float = 6.0, max_attempts_after: int = 10, decode_videos: bool = True) -> dict[str, Any]:
     from genmanip_testbed import serve_testbed
 
@@ -90,8 +90,15 @@ def run(kills: int = 50, *, tasks: str = "testbed/all", seed: int = 1, min_delay
                 if killed < kills:
                     delay = rnd.uniform(min_delay, max_delay)
                     deadline = time.monotonic() + delay
+                    # every third kill waits for an ffmpeg child: random times rarely hit a transcode
+                    want_ffmpeg = killed % 3 == 2
+                    if want_ffmpeg:
+                        deadline = time.monotonic() + 3 * max_delay
                     while time.monotonic() < deadline and proc.poll() is None:
-                        time.sleep(0.02)
+                        if want_ffmpeg and any("ffmpeg" in _comm(k) for k in _descendants(proc.pid)):
+                            time.sleep(rnd.uniform(0.0, 0.05))
+                            break
+                        time.sleep(0.01 if want_ffmpeg else 0.02)
                     if proc.poll() is None:
                         kids = _descendants(proc.pid)
                         names = {_comm(k) for k in kids}

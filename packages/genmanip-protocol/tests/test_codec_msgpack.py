@@ -287,3 +287,8 @@ def test_size_limit_and_wrong_input_type() -> None:
         small.decode(CODEC.encode({"a": np.zeros(100)}))
     with pytest.raises(DecodeError, match="expected bytes"):
         CODEC.decode("text")  # type: ignore[arg-type]
+    with pytest.raises(DecodeError, match="contiguous"):
+        CODEC.decode(memoryview(np.arange(40, dtype=np.int32))[::2])
+    # any contiguous buffer works, e.g. a uint8 numpy array over the body
+    body = CODEC.encode({"a": np.arange(3)})
+    assert CODEC.decode(np.frombuffer(body, np.uint8))["a"].tolist() == [0, 1, 2]

@@ -579,7 +579,7 @@ def test_violation_roundtrip_types() -> None:
 
 _task = st.text(
     alphabet=st.characters(codec="utf-8", exclude_characters="\x00"), min_size=1
-).filter(lambda t: not t.startswith(("*", "(")))
+).filter(lambda t: t.strip() != "" and not t.startswith(("*", "(")))
 
 
 @given(_task, st.integers(0, 10_000), st.integers(1, 10_000), st.booleans())
@@ -589,3 +589,9 @@ def test_metric_key_roundtrip(task: str, done: int, total: int, star: bool) -> N
     assert (mk.task, mk.done, mk.total) == (task, done, total)
     assert mk.complete == (not star and done >= total)
     assert parse_metric_key(f"*{task}") == MetricKey(task, 0, None, False)
+
+
+@pytest.mark.parametrize("key", ["(0/1) ", "*", "*(3/4)", "   "])
+def test_metric_key_without_task_is_rejected(key: str) -> None:
+    with pytest.raises(ResponseError, match="metric key"):
+        parse_metric_key(key)

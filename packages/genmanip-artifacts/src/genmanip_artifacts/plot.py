@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import datetime as _dt
-import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -223,11 +222,3 @@ def plot_episodes(
                     on_done(outcome)
     return [outcomes[i] for i in range(len(jobs))]
 
-
-def _iter_dirs(paths: Sequence[Path]) -> Iterator[Path]:
-    seen: set[str] = set()
-    for p in paths:
-        key = os.path.realpath(p)
-        if key not in seen:
-            seen.add(key)
-            yield p

@@ -257,8 +257,13 @@ class MsgpackCodec(Codec):
             raise DecodeError(
                 f"expected bytes, got {type(data).__name__}", codec="msgpack"
             ) from None
-        if mv.ndim != 1 or mv.itemsize != 1:
-            mv = mv.cast("B")
+        if mv.ndim != 1 or mv.itemsize != 1 or mv.format != "B":
+            try:
+                mv = mv.cast("B")
+            except TypeError:  # non-contiguous buffers cannot be viewed as bytes
+                raise DecodeError(
+                    "expected a contiguous bytes-like body", codec="msgpack"
+                ) from None
         total = mv.nbytes
         if total > self.max_size:
             raise DecodeError(
