@@ -58,6 +58,12 @@ def test_rejects_with_field(value: object, field: str) -> None:
     assert info.value.field == field
 
 
+def test_input_errors_are_value_errors_too() -> None:
+    # The reference client raised ValueError for bad step() input; callers catching it still work.
+    with pytest.raises(ValueError):
+        normalize_step_input([], ["0"])
+
+
 def test_is_action_dict() -> None:
     assert is_action_dict(A) and is_action_dict({"control_type": "ee_pose"})
     assert not is_action_dict({"0": A}) and not is_action_dict([A])

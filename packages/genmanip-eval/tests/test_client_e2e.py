@@ -78,6 +78,7 @@ def test_chunk_mode_keeps_t0_and_counts(smoke: Any, codec: str) -> None:
                 assert ex == 4
                 first_chunk = False
             assert 1 <= ex <= 4
+            assert entries["0"]["stopped_early"] == (ex < 4)
             sent_exec += ex
     stats = smoke.stats.snapshot()
     assert stats["steps_by_worker"] == {"0": sent_exec} == {"0": 12}  # 2 episodes x 6 steps

@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 from .__about__ import __version__
-from .actions import is_action_dict, normalize_step_input
+from .actions import ActionInputError, is_action_dict, normalize_step_input
 from .client import DEFAULT_TIMEOUTS, DEFAULT_URL, EvalClient, StepListener, StepTiming
 from .errors import (
     EpisodeIdError,
@@ -33,6 +33,7 @@ from .runner import EvalConfig, RunSummary, run_eval, run_workers
 
 __all__ = [
     "BUILTIN_POLICIES",
+    "ActionInputError",
     "DEFAULT_TIMEOUTS",
     "DEFAULT_URL",
     "EpisodeIdError",

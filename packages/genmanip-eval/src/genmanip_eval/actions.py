@@ -15,8 +15,8 @@ input                                       meaning              sent as
 
 The decision is structural and never guessed from lengths: a mapping with an ``"action"`` key is
 an action dict; any other mapping must be keyed by worker ids. A list of length 1 is still a chunk
-(``/step_chunk``). Ragged per-worker chunks are allowed. Anything else raises ``ValueError``-like
-:class:`genmanip_protocol.errors.ValidationError` naming the position.
+(``/step_chunk``). Ragged per-worker chunks are allowed. Anything else raises
+:class:`ActionInputError` (a ``ValidationError`` and a ``ValueError``) naming the position.
 """
 
 from __future__ import annotations
@@ -27,7 +27,11 @@ from typing import Any
 
 from genmanip_protocol.errors import ValidationError, Violation
 
-__all__ = ["NormalizedActions", "is_action_dict", "normalize_step_input"]
+__all__ = ["ActionInputError", "NormalizedActions", "is_action_dict", "normalize_step_input"]
+
+
+class ActionInputError(ValidationError, ValueError):
+    """``step()`` input of no accepted form. Also a ``ValueError``, as the reference client raised."""
 
 
 def is_action_dict(value: object) -> bool:
@@ -43,8 +47,8 @@ class NormalizedActions:
     chunk: bool
 
 
-def _bad(field: str, expected: str, actual: object) -> ValidationError:
-    return ValidationError(Violation(field, expected, _describe(actual)))
+def _bad(field: str, expected: str, actual: object) -> ActionInputError:
+    return ActionInputError(Violation(field, expected, _describe(actual)))
 
 
 def _describe(value: object) -> str:

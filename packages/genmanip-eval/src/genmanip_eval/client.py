@@ -156,6 +156,7 @@ class _WorkerState:
     finished: bool = False
     executed_steps: int = 0
     pending: bool = False
+    stopped_early: bool = False
     in_episode: bool = False
     episode_id: str | None = None
     robot: RobotSpec | None = None
@@ -693,6 +694,7 @@ class EvalClient:
         for st in self._state.values():
             st.executed_steps = 0
             st.lock_lost = False
+            st.stopped_early = False
         if per_worker:
             if norm.chunk:
                 self._step_chunks(per_worker, meta or {})
@@ -760,6 +762,7 @@ class EvalClient:
                 sent=True,
                 maybe_executed=True,
             )
+        self._state[wid].stopped_early = parsed.stopped_early
         return parsed.entries[wid], resp, executed, total
 
     def _step_chunks(
@@ -911,6 +914,7 @@ class EvalClient:
                 "lock_lost": st.lock_lost,
                 "reset_pending": st.pending,
                 "executed_steps": st.executed_steps,
+                "stopped_early": st.stopped_early,
             }
             for wid, st in self._state.items()
         }

@@ -371,7 +371,13 @@ class Recorder:
         """Merge ``fields`` into ``run.json`` of every run dir written so far (e.g. ``finished``)."""
         self.manifest.update(fields)
         for run_dir in self.run_dirs:
-            self._merge_run_json(run_dir)
+            try:
+                self._merge_run_json(run_dir)
+            except OSError as exc:  # disk full, read-only: a typed error, not a crash (exit 70)
+                raise RecordingError(
+                    f"cannot update {run_dir / 'run.json'}: {exc}",
+                    hint="check free disk space (or run with --no-record)",
+                ) from exc
 
     # ------------------------------------------------------------ writer thread
 

@@ -307,12 +307,16 @@ def run_workers(
         finally:
             if recorder is not None:
                 try:
-                    recorder.update_manifest(finished=_now(), codec=client.codec_name, frames=client.frames)
-                    recorder.close()
-                except GenmanipError:
+                    try:
+                        recorder.update_manifest(finished=_now(), codec=client.codec_name, frames=client.frames)
+                    finally:
+                        recorder.close()
+                except GenmanipError as exc:
                     if ok:
                         raise
-                    log.exception("recording failed while stopping after an error")
+                    # the first error is what the user needs; a traceback for this one only with -vv
+                    log.error("recording also failed while stopping: %s", exc,
+                              exc_info=log.isEnabledFor(logging.DEBUG))
                 summary.run_dirs = [str(d) for d in recorder.run_dirs]
     return summary
 
