@@ -99,7 +99,7 @@ def check_run(run_dir: Path, *, server_steps: Mapping[str, int] | None = None,
             res.problems.append(f"{rel}: result.json and INCOMPLETE both present")
         rows: list[dict[str, Any]] = []
         try:
-            for i, line in enumerate((d / "steps.jsonl").read_text().splitlines()):
+            for line in (d / "steps.jsonl").read_text().splitlines():
                 rows.append(json.loads(line))
         except (OSError, ValueError) as exc:
             res.problems.append(f"{rel}/steps.jsonl: row {len(rows)}: {exc}")
@@ -120,7 +120,7 @@ def check_run(run_dir: Path, *, server_steps: Mapping[str, int] | None = None,
             for mp4 in mp4s:
                 try:
                     n = _video_frames(mp4)
-                except Exception as exc:  # noqa: BLE001 - any failure is the finding
+                except Exception as exc:
                     res.problems.append(f"{rel}/{mp4.name}: does not decode ({exc})"[:300])
                     continue
                 res.videos_checked += 1

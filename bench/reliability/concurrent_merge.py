@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _rel import md_table  # noqa: E402
+from _rel import md_table
 
 
 def _writer(task_dir: str, proc: int, merges: int, start: Any) -> None:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import base64
 import copyreg
-import io
 import json
 import os
 import pickle
@@ -45,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _rel import md_table, peak_rss_mb, run_child_json  # noqa: E402
+from _rel import md_table, peak_rss_mb, run_child_json
 
 DEFAULT_N = 100_000
 RSS_BOUND_MB = 256.0
@@ -186,9 +185,8 @@ def _jpeg_huge_header(jpeg: bytes, h: int, w: int) -> bytes:
 
 def hostile_payloads(jpeg: bytes) -> list[tuple[str, bytes]]:
     """Hand-built hostile payloads for both wires (label, body)."""
-    from genmanip_protocol.codec.msgpack_codec import MAGIC, MSGPACK_PROTOCOL_VERSION
-
     import msgpack
+    from genmanip_protocol.codec.msgpack_codec import MAGIC, MSGPACK_PROTOCOL_VERSION
 
     out: list[tuple[str, bytes]] = []
     b64 = base64.b64encode(bytes(16)).decode()
@@ -204,7 +202,7 @@ def hostile_payloads(jpeg: bytes) -> list[tuple[str, bytes]]:
     out.append(("tagged data non-ascii", _p(_tagged("<f4", [4], "ééé"))))
     out.append(("tagged data int", _p(_tagged("<f4", [4], 12345))))
     out.append(("tagged missing fields", _p({"type": "numpy_array"})))
-    out.append(("tagged jpeg huge shape", _p(_tagged("uint8", huge + [3], jpeg, "jpeg_bytes"))))
+    out.append(("tagged jpeg huge shape", _p(_tagged("uint8", [*huge, 3], jpeg, "jpeg_bytes"))))
     out.append(("tagged jpeg wrong shape", _p(_tagged("uint8", [8, 8, 3], jpeg, "jpeg_bytes"))))
     out.append(("tagged jpeg str data", _p(_tagged("uint8", [8, 8, 3], "abc", "jpeg_bytes"))))
     out.append(("tagged jpeg bomb header", _p(_tagged("uint8", [65000, 65000, 3],
@@ -412,7 +410,7 @@ def child(n: int, seed: int, hang_s: float, sentinel_dir: Path, findings_path: P
     from genmanip_protocol.codec import LegacyCodec, MsgpackCodec, decode_jpeg, safe_loads
     from genmanip_protocol.errors import DecodeError, UnsafePayloadError
 
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    _soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     limit = 4 << 30
     if hard == resource.RLIM_INFINITY or hard > limit:
         resource.setrlimit(resource.RLIMIT_AS, (limit, hard))

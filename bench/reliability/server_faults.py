@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _rel import md_table  # noqa: E402
-from checks import GMP, check_run, find_run_dir, python_env  # noqa: E402
+from _rel import md_table
+from checks import GMP, check_run, find_run_dir, python_env
 
 DEFAULT_FAULT = "error_rate=0.06,errors=500|503|504,reset_before=0.02,reset_after=0.02"
 

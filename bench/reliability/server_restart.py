@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _rel import md_table  # noqa: E402
-from checks import GMP, check_run, find_run_dir, python_env  # noqa: E402
+from _rel import md_table
+from checks import GMP, check_run, find_run_dir, python_env
 
 
 def _free_port() -> int:

@@ -5,9 +5,8 @@ The long run (>= 50 kills) is ``python bench/reliability/client_kill.py``."""
 
 from __future__ import annotations
 
-import pytest
-
 import client_kill
+import pytest
 
 pytestmark = pytest.mark.slow
 

@@ -5,9 +5,8 @@ The full run (>= 100,000 payloads) is ``python bench/reliability/fuzz_codecs.py`
 
 from __future__ import annotations
 
-import pytest
-
 import fuzz_codecs
+import pytest
 
 
 @pytest.mark.slow

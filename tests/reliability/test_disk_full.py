@@ -5,9 +5,8 @@ it finished before are intact. The long run is ``python bench/reliability/disk_f
 
 from __future__ import annotations
 
-import pytest
-
 import disk_full
+import pytest
 
 pytestmark = pytest.mark.slow
 

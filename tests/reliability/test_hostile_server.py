@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 from genmanip.cli.main import main
 from genmanip_testbed import serve_testbed
-
 from hostile import HostileProxy, rewrite_key
 
 pytestmark = pytest.mark.slow
@@ -67,9 +66,8 @@ def test_recorder_path_check_refuses_every_escape(tmp_path: Path) -> None:
     rec = Recorder(root)
     try:
         refused = accepted = 0
-        for label, eid, must_refuse in HOSTILE_IDS:
-            if isinstance(eid, str):
-                eid = eid.replace("{outside}", str(tmp_path / "outside").lstrip("/"))
+        for label, template, must_refuse in HOSTILE_IDS:
+            eid = template.replace("{outside}", str(tmp_path / "outside").lstrip("/")) if isinstance(template, str) else template
             try:
                 directory, run_dir, _task, _seed = rec._episode_paths(eid)
             except GenmanipEvalError as exc:

@@ -213,7 +213,7 @@ def test_tokens_never_leak(tmp_path: Path) -> None:
         if root.exists():
             leaks += _scan_tree(root, needles)
     assert (results / "testbed" / "secret-run" / "run.json").exists()
-    assert list(results.rglob("*.mp4")) and list(cache.rglob("*.zip")) or list(project.rglob("*.zip"))
+    assert (list(results.rglob("*.mp4")) and list(cache.rglob("*.zip"))) or list(project.rglob("*.zip"))
     assert not leaks, "\n".join(leaks)
     # the sampler did see the processes (so "no title leaked" is not vacuous)
     assert len(run.titles) > 20 and any("genmanip" in t for t in run.titles)

@@ -5,7 +5,6 @@ set, and re-runs until complete) is ``python bench/reliability/server_faults.py`
 from __future__ import annotations
 
 import pytest
-
 import server_faults
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,6 @@ server's 300 s to 3 s (``bench/reliability/_testbed_proc.py``); the long run
 from __future__ import annotations
 
 import pytest
-
 import server_restart
 
 pytestmark = pytest.mark.slow

@@ -201,7 +201,7 @@ def test_injection_never_executes_in_chromium(world: dict[str, Any], tmp_path: P
     for name in (XSS_RUN_ID, XSS_RUN_ID2, "run_ok"):
         urls.append(f"{srv.base_url}/run/{keys[name]}")
     urls.append(f"{srv.base_url}/live/{keys['run_ok']}")
-    status, body = _get(srv, f"/run/{keys[XSS_RUN_ID]}")
+    _status, body = _get(srv, f"/run/{keys[XSS_RUN_ID]}")
     ep = re.search(r'href="(/episode/[^"]+)"', body.decode())
     assert ep is not None
     urls.append(srv.base_url + ep.group(1).replace("&amp;", "&"))

@@ -202,3 +202,17 @@ def test_survives_idle_keepalive_close(smoke: Any) -> None:
         assert e["0"]["executed_steps"] == 1 and e["0"]["obs"]["timestep"] == 2
         assert c.http.connections_opened == 2
     assert smoke.stats.snapshot()["steps_by_worker"] == {"0": 2}
+
+
+def test_python_api_recording(smoke: Any, tmp_path: Any) -> None:
+    import json
+
+    root = tmp_path / "res"
+    with EvalClient(smoke.url, ["0"], record=True, results_dir=str(root)) as c:
+        e = c.reset()
+        while not c.done:
+            e, _ = c.step(zero_for(e["0"]["obs"]))
+    results = sorted(root.rglob("result.json"))
+    assert len(results) == 2
+    run = json.loads((results[0].parents[4] / "run.json").read_text())
+    assert run["server_url"] == smoke.url and run["finished"] and run["workers"] == ["0"]

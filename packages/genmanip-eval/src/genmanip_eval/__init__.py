@@ -33,9 +33,9 @@ from .runner import EvalConfig, RunSummary, run_eval, run_workers
 
 __all__ = [
     "BUILTIN_POLICIES",
-    "ActionInputError",
     "DEFAULT_TIMEOUTS",
     "DEFAULT_URL",
+    "ActionInputError",
     "EpisodeIdError",
     "EvalClient",
     "EvalConfig",

@@ -961,7 +961,16 @@ class EvalClient:
                 except GenmanipError as exc:
                     log.warning("close(): /kill of workers %s failed: %s", ",".join(self.worker_ids), exc)
             if self._owns_listener and self._listener is not None:
-                self._listener.close()  # type: ignore[attr-defined]
+                from datetime import datetime, timezone
+
+                rec: Any = self._listener
+                rec.update_manifest(
+                    finished=datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+                    codec=self.codec_name,
+                    frames=self.frames,
+                    workers=list(self.worker_ids),
+                )
+                rec.close()
         finally:
             if self._pool is not None:
                 self._pool.shutdown(wait=True)

@@ -409,6 +409,7 @@ def run_eval(
     reported: set[int] = set()
     dead_since: dict[int, float] = {}
     n_episodes = 0
+    interrupted = False
     t0 = time.perf_counter()
     try:
         while len(reported) < len(procs):
@@ -447,9 +448,15 @@ def run_eval(
                     if cfg.max_episodes is not None and n_episodes >= cfg.max_episodes:
                         child_stop.set()
                 say(kind, payload)
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
     finally:
         child_stop.set()
-        deadline = time.monotonic() + grace_s
+        # Ctrl-C must exit promptly: a child blocked in a long wait (a stalled reset, a slow step)
+        # only sees child_stop after it, so it gets a short grace, then SIGTERM (found by
+        # tests/reliability/test_slow_server.py: 15 s before).
+        deadline = time.monotonic() + (min(grace_s, 2.0) if interrupted else grace_s)
         for p in procs:
             p.join(max(0.0, deadline - time.monotonic()))
         for p in procs:

@@ -1,0 +1,166 @@
+"""Item 5: slow and stalled servers.
+
+* per-call timeouts: a testbed delaying every ``/step`` by ``latency``; ``EvalClient`` with a step
+  limit below it must raise ``StepTimeout`` naming the call and the limit, close to the limit;
+* ``reset_result`` polling: a testbed whose resets never finish (``stall_reset``); ``reset()`` must
+  raise ``ResetTimeout`` naming the workers and the deadline, close to the deadline;
+* Ctrl-C: ``gmp eval`` (1 and 2 processes) receives SIGINT while it waits on a slow ``/step``, on a
+  stalled reset, and on a server that accepts connections but never answers; it must exit 130
+  promptly with no traceback.
+
+Usage: python bench/reliability/slow_server.py [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _rel import md_table
+from checks import GMP, python_env
+
+
+def step_timeout_case(limit: float = 0.5, latency: float = 3.0) -> dict[str, Any]:
+    from genmanip_eval import EvalClient
+    from genmanip_eval.errors import StepTimeout
+    from genmanip_eval.policy import ZeroPolicy
+    from genmanip_testbed import serve_testbed
+
+    with serve_testbed(tasks="testbed/smoke", faults=f"latency={latency}s,routes=step") as tb:
+        client = EvalClient(tb.url, ["0"], timeouts={"step": limit})
+        try:
+            entries = client.reset()
+            act = ZeroPolicy().get_action(entries["0"]["obs"])
+            t0 = time.monotonic()
+            err: BaseException | None = None
+            try:
+                client.step({"0": act})
+            except StepTimeout as exc:
+                err = exc
+            elapsed = time.monotonic() - t0
+        finally:
+            client.close()
+    return {"limit": limit, "latency": latency, "raised": type(err).__name__ if err else None,
+            "message": str(err) if err else "", "elapsed": round(elapsed, 2)}
+
+
+def reset_deadline_case(deadline: float = 1.5) -> dict[str, Any]:
+    from genmanip_eval import EvalClient
+    from genmanip_eval.errors import ResetTimeout
+    from genmanip_testbed import serve_testbed
+
+    with serve_testbed(tasks="testbed/smoke", faults="stall_reset=5") as tb:
+        client = EvalClient(tb.url, ["0"], timeouts={"reset_deadline": deadline})
+        t0 = time.monotonic()
+        err: BaseException | None = None
+        try:
+            client.reset()
+        except ResetTimeout as exc:
+            err = exc
+        elapsed = time.monotonic() - t0
+        client.close()
+    return {"deadline": deadline, "raised": type(err).__name__ if err else None,
+            "message": str(err) if err else "", "elapsed": round(elapsed, 2)}
+
+
+class _Blackhole:
+    """A TCP server that accepts connections and never answers."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.conns: list[socket.socket] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def close(self) -> None:
+        for c in self.conns:
+            c.close()
+        self.sock.close()
+
+
+def sigint_case(wait: str, processes: int = 1, after: float = 2.5) -> dict[str, Any]:
+    """SIGINT to ``gmp eval`` while it waits on ``wait``: slow-step | stalled-reset | no-answer."""
+    from genmanip_testbed import serve_testbed
+
+    faults = {"slow-step": "latency=60s,routes=step", "stalled-reset": "stall_reset=5", "no-answer": None}[wait]
+    hole = _Blackhole() if wait == "no-answer" else None
+    ctx = serve_testbed(tasks="testbed/smoke", faults=faults) if hole is None else None
+    tb = ctx.__enter__() if ctx is not None else None
+    try:
+        url = hole.url if hole is not None else tb.url  # type: ignore[union-attr]
+        proc = subprocess.Popen(
+            [*GMP, "eval", "--url", url, "--policy", "zero", "--no-record", "--worker-ids", "0,1",
+             "--processes", str(processes)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=python_env())
+        time.sleep(after)
+        still_running = proc.poll() is None
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        try:
+            _, err_b = proc.communicate(timeout=30)
+            elapsed = time.monotonic() - t0
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err_b = proc.communicate()
+            elapsed = float("inf")
+        err = err_b.decode("utf-8", "replace")
+    finally:
+        if ctx is not None:
+            ctx.__exit__(None, None, None)
+        if hole is not None:
+            hole.close()
+    return {"wait": wait, "processes": processes, "was_waiting": still_running, "rc": proc.returncode,
+            "exit_s": round(elapsed, 2), "traceback": "Traceback" in err, "stderr_tail": err[-400:]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    a = ap.parse_args(argv)
+    bad = 0
+    rows = []
+    for limit in (0.3, 1.0):
+        for _ in range(a.repeats):
+            r = step_timeout_case(limit, latency=limit + 2.5)
+            ok = r["raised"] == "StepTimeout" and f"{limit:g} s" in r["message"] and r["elapsed"] < limit + 1.0
+            bad += not ok
+            rows.append([f"/step limit {limit} s (server +{limit + 2.5} s)", r["raised"], r["elapsed"],
+                         r["message"][:110].replace("|", "/"), "ok" if ok else "FAIL"])
+    for deadline in (1.0, 2.0):
+        for _ in range(a.repeats):
+            r = reset_deadline_case(deadline)
+            ok = r["raised"] == "ResetTimeout" and r["elapsed"] < deadline + 1.5
+            bad += not ok
+            rows.append([f"reset_deadline {deadline} s (stalled reset)", r["raised"], r["elapsed"],
+                         r["message"][:110].replace("|", "/"), "ok" if ok else "FAIL"])
+    print("### Timeouts\n")
+    print(md_table(["case", "raised", "s to raise", "message", "verdict"], rows))
+    rows = []
+    for wait in ("slow-step", "stalled-reset", "no-answer"):
+        for processes in (1, 2):
+            for _ in range(a.repeats):
+                r = sigint_case(wait, processes)
+                ok = r["was_waiting"] and r["rc"] == 130 and r["exit_s"] < 5 and not r["traceback"]
+                bad += not ok
+                rows.append([wait, processes, r["rc"], r["exit_s"], "yes" if r["traceback"] else "no",
+                             "ok" if ok else "FAIL"])
+    print("\n### Ctrl-C (SIGINT) while waiting\n")
+    print(md_table(["waiting on", "processes", "exit code", "s from SIGINT to exit", "traceback", "verdict"],
+                   rows))
+    print(f"\nverdict: {'PASS' if not bad else 'FAIL'}")
+    return 0 if not bad else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

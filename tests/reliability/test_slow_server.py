@@ -1,0 +1,33 @@
+"""Item 5 (fast subset): slow and stalled servers. Per-call timeouts name the call and the limit
+and fire at the limit; reset_result polling stops at its deadline; SIGINT during a wait exits 130
+promptly without a traceback. The long run is ``python bench/reliability/slow_server.py``."""
+
+from __future__ import annotations
+
+import pytest
+import slow_server
+
+pytestmark = pytest.mark.slow
+
+
+def test_step_timeout_names_the_call_and_the_limit() -> None:
+    r = slow_server.step_timeout_case(0.5, latency=3.0)
+    assert r["raised"] == "StepTimeout"
+    assert "POST /step" in r["message"] and "0.5 s" in r["message"]
+    assert 0.45 <= r["elapsed"] < 1.5
+
+
+def test_reset_result_polling_respects_its_deadline() -> None:
+    r = slow_server.reset_deadline_case(1.5)
+    assert r["raised"] == "ResetTimeout"
+    assert "1.5 s" in r["message"] and "/reset_result" in r["message"]
+    assert 1.4 <= r["elapsed"] < 3.0
+
+
+@pytest.mark.parametrize(("wait", "processes"), [("slow-step", 1), ("stalled-reset", 2), ("no-answer", 1)])
+def test_ctrl_c_during_a_wait_exits_promptly_and_cleanly(wait: str, processes: int) -> None:
+    r = slow_server.sigint_case(wait, processes)
+    assert r["was_waiting"], r["stderr_tail"]
+    assert r["rc"] == 130, r["stderr_tail"]
+    assert r["exit_s"] < 5.0
+    assert not r["traceback"], r["stderr_tail"]
