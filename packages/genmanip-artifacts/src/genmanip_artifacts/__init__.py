@@ -38,6 +38,7 @@ from .plot import (
     plot_episode,
     plot_episodes,
 )
+from .hooks import PlotHook, plot_hook
 
 __all__ = [
     "ACTION_PLOT",
@@ -56,6 +57,7 @@ __all__ = [
     "EpisodeSeries",
     "GenmanipArtifactsError",
     "PlotFailures",
+    "PlotHook",
     "PlotResult",
     "Refusal",
     "__version__",
@@ -65,4 +67,5 @@ __all__ = [
     "plan_clean",
     "plot_episode",
     "plot_episodes",
+    "plot_hook",
 ]

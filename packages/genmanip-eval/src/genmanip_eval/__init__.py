@@ -28,6 +28,7 @@ from .policy import (
     load_policy_factory,
     parse_policy_args,
 )
+from .hooks import EPISODE_HOOK_GROUP, HookNotInstalledError, load_episode_hook
 from .recording import Recorder, camera_name, resolve_results_root
 from .runner import EvalConfig, RunSummary, run_eval, run_workers
 
@@ -35,11 +36,13 @@ __all__ = [
     "BUILTIN_POLICIES",
     "DEFAULT_TIMEOUTS",
     "DEFAULT_URL",
+    "EPISODE_HOOK_GROUP",
     "ActionInputError",
     "EpisodeIdError",
     "EvalClient",
     "EvalConfig",
     "GenmanipEvalError",
+    "HookNotInstalledError",
     "PolicyError",
     "PolicyHandle",
     "Recorder",
@@ -55,6 +58,7 @@ __all__ = [
     "__version__",
     "camera_name",
     "is_action_dict",
+    "load_episode_hook",
     "load_policy_factory",
     "normalize_step_input",
     "parse_policy_args",

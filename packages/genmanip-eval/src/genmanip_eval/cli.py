@@ -95,8 +95,6 @@ def run_eval(args: argparse.Namespace) -> int:
         robot = resolve_robot(args.arm_type, getattr(args, "gripper_type", None)).robot_id
     if getattr(args, "control_type", None):
         console.warn("--control-type has no effect: the policy chooses each action's control_type")
-    if getattr(args, "plot_on_episode_end", False):
-        console.warn("--plot-on-episode-end: run 'gmp plot --run <run dir>' after the run instead")
     chunk = getattr(args, "chunk_size", None)
     cfg = EvalConfig(
         url=_url(args),
@@ -117,6 +115,7 @@ def run_eval(args: argparse.Namespace) -> int:
         results_dir=getattr(args, "results_dir", None),
         live_every=int(getattr(args, "live_every", 0) or 0),
         max_episodes=getattr(args, "max_episodes", None),
+        plot_on_episode_end=bool(getattr(args, "plot_on_episode_end", False)),
     )
     if not cfg.worker_ids:
         raise GenmanipEvalError("--worker-ids: no worker id given")

@@ -24,7 +24,7 @@ import shutil
 import struct
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -127,6 +127,8 @@ class Recorder:
             request's rows).
         fps: frame rate of the mp4 files.
         nice: niceness added to the ffmpeg transcoder (keeps the step loop responsive).
+        on_episode_complete: called with the episode directory once it is complete
+            (``result.json`` written), from the transcoder thread; must return quickly.
     """
 
     def __init__(
@@ -138,6 +140,7 @@ class Recorder:
         queue_size: int = 64,
         fps: int = 30,
         nice: int = 10,
+        on_episode_complete: Callable[[Path], Any] | None = None,
     ) -> None:
         self.root = Path(root).absolute()
         self.root.mkdir(parents=True, exist_ok=True)
@@ -147,6 +150,7 @@ class Recorder:
         self.live_every = max(0, int(live_every))
         self.fps = fps
         self.nice = nice
+        self.on_episode_complete = on_episode_complete
         self._q: queue.Queue[tuple[Any, ...]] = queue.Queue(maxsize=max(1, queue_size))
         self._tq: queue.Queue[tuple[Any, ...] | None] = queue.Queue()
         self._error: BaseException | None = None
@@ -599,3 +603,5 @@ class Recorder:
         )
         (d / "INCOMPLETE").unlink(missing_ok=True)
         shutil.rmtree(d / _FRAMES_DIR, ignore_errors=True)
+        if self.on_episode_complete is not None:
+            self.on_episode_complete(d)

@@ -29,6 +29,7 @@ from genmanip_protocol.errors import ExitCode, GenmanipError
 from .client import DEFAULT_URL, EvalClient
 from .errors import PolicyError, WorkerProcessError
 from .policy import PolicyHandle
+from .hooks import load_episode_hook
 from .recording import Recorder, resolve_results_root
 
 __all__ = ["EvalConfig", "RunSummary", "package_versions", "run_eval", "run_workers"]
@@ -67,6 +68,8 @@ class EvalConfig:
     max_episodes: int | None = None
     timeouts: dict[str, float] | None = None
     ca_file: str | None = None
+    #: Plot each episode once it is recorded (the ``plot`` hook of genmanip-artifacts).
+    plot_on_episode_end: bool = False
 
     def manifest(self) -> dict[str, Any]:
         """The ``run.json`` fields (never the token)."""
@@ -86,6 +89,7 @@ class EvalConfig:
             "policy": {"spec": self.policy, "args": dict(self.policy_args)},
             "robot": self.robot,
             "max_episodes": self.max_episodes,
+            "plot_on_episode_end": self.plot_on_episode_end,
             "host": socket.gethostname(),
             "python": platform.python_version(),
             "platform": platform.platform(),
@@ -178,6 +182,7 @@ def run_workers(
 
     summary = RunSummary()
     recorder: Recorder | None = None
+    plot_hook: Any = None
     frames = cfg.frames
     if cfg.record:
         if frames == "auto":
@@ -186,7 +191,17 @@ def run_workers(
         manifest["workers"] = wids
         manifest["started"] = _now()
         manifest["mode"] = mode
-        recorder = Recorder(resolve_results_root(cfg.results_dir), manifest=manifest, live_every=cfg.live_every)
+        if cfg.plot_on_episode_end:
+            # Loaded by name: genmanip-eval never imports genmanip-artifacts.
+            plot_hook = load_episode_hook("plot")
+        recorder = Recorder(
+            resolve_results_root(cfg.results_dir),
+            manifest=manifest,
+            live_every=cfg.live_every,
+            on_episode_complete=plot_hook,
+        )
+    elif cfg.plot_on_episode_end:
+        raise PolicyError("--plot-on-episode-end plots recorded episodes: it cannot be used with --no-record")
 
     stop_flag = threading.Event()
 
@@ -318,6 +333,10 @@ def run_workers(
                     log.error("recording also failed while stopping: %s", exc,
                               exc_info=log.isEnabledFor(logging.DEBUG))
                 summary.run_dirs = [str(d) for d in recorder.run_dirs]
+            if plot_hook is not None and hasattr(plot_hook, "close"):
+                failed = plot_hook.close()
+                if failed:
+                    log.warning("%d episode plot(s) failed; rerun them with 'gmp plot'", failed)
     return summary
 
 
