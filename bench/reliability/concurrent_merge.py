@@ -52,6 +52,7 @@ def _reader(task_dir: str, stop: Any, out: Any) -> None:
     path = Path(task_dir) / "episode_result.json"
     reads = bad = 0
     while not stop.is_set():
+        time.sleep(0.005)  # a tight loop would starve the writers of CPU on a 2-core machine
         try:
             text = path.read_text(encoding="utf-8")
         except FileNotFoundError:

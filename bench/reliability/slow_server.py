@@ -74,10 +74,21 @@ class _Blackhole:
     """A TCP server that accepts connections and never answers."""
 
     def __init__(self) -> None:
+        import threading
+
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(64)
         self.conns: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
 
     @property
     def url(self) -> str:
@@ -89,7 +100,15 @@ class _Blackhole:
         self.sock.close()
 
 
-def sigint_case(wait: str, processes: int = 1, after: float = 2.5) -> dict[str, Any]:
+def _waiting(wait: str, tb: Any, hole: _Blackhole | None) -> bool:
+    """True once the client is inside the wait under test (seen from the server side)."""
+    if hole is not None:
+        return bool(hole.conns)
+    route = "/step" if wait == "slow-step" else "/reset_result"
+    return bool(tb.stats.requests.get(route, 0))
+
+
+def sigint_case(wait: str, processes: int = 1, after: float = 0.5) -> dict[str, Any]:
     """SIGINT to ``gmp eval`` while it waits on ``wait``: slow-step | stalled-reset | no-answer."""
     from genmanip_testbed import serve_testbed
 
@@ -103,8 +122,13 @@ def sigint_case(wait: str, processes: int = 1, after: float = 2.5) -> dict[str, 
             [*GMP, "eval", "--url", url, "--policy", "zero", "--no-record", "--worker-ids", "0,1",
              "--processes", str(processes)],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=python_env())
+        # SIGINT only once the client is in the wait (on a loaded machine start-up alone can take
+        # seconds), then a little later so it is blocked in it
+        limit = time.monotonic() + 120
+        while not _waiting(wait, tb, hole) and proc.poll() is None and time.monotonic() < limit:
+            time.sleep(0.05)
         time.sleep(after)
-        still_running = proc.poll() is None
+        still_running = proc.poll() is None and _waiting(wait, tb, hole)
         t0 = time.monotonic()
         proc.send_signal(signal.SIGINT)
         try:

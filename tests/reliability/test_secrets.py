@@ -147,7 +147,7 @@ def test_tokens_never_leak(tmp_path: Path) -> None:
     cfg = tmp_path / "config.toml"
     cfg.write_text(f'[eval]\ntoken = "{cfg_token}"\n[leaderboard]\ntoken = "{lb_token}"\n', encoding="utf-8")
     base_env = {k: v for k, v in os.environ.items()
-                if k not in ("GMP_TOKEN", "GENMANIP_TOKEN", "USER_TOKEN", "GENMANIP_RESULT_DIR")}
+                if k not in ("GMP_TOKEN", "GMP_TESTBED_TOKEN", "USER_TOKEN", "GENMANIP_RESULT_DIR")}
     base_env.update({"HOME": str(home), "XDG_CACHE_HOME": str(cache), "GMP_CONFIG": str(tmp_path / "empty.toml"),
                      "PYTHONUNBUFFERED": "1", "NO_COLOR": "1"})
     (tmp_path / "empty.toml").write_text("", encoding="utf-8")

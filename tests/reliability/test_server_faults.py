@@ -12,7 +12,7 @@ pytestmark = pytest.mark.slow
 TEN_PERCENT = "error_rate=0.06,errors=500|503|504,reset_before=0.02,reset_after=0.02"
 
 
-@pytest.mark.parametrize("seed", [3, 4])
+@pytest.mark.parametrize("seed", [3])
 def test_faulty_server_run_stops_precisely_and_never_replays_a_step(seed: int) -> None:
     r = server_faults.run_one(seed, fault=TEN_PERCENT, max_attempts=1)
     assert r["faults"] >= 1, "the fault injection did not fire"
@@ -26,7 +26,8 @@ def test_faulty_server_run_stops_precisely_and_never_replays_a_step(seed: int) -
 
 
 def test_rerunning_after_faults_completes_the_job_without_replays() -> None:
-    r = server_faults.run_one(5, fault="error_rate=0.02,errors=500|503|504,reset_before=0.01,reset_after=0.01",
+    r = server_faults.run_one(5, tasks="testbed/smoke", workers=2, processes=2,
+                              fault="error_rate=0.04,errors=500|503|504,reset_before=0.02,reset_after=0.02",
                               max_attempts=40)
     assert r["rc"] == 0, r["errors"]
     assert r["problems"] == [], r["problems"]

@@ -363,6 +363,17 @@ def test_symlinks_outside_root_are_skipped(
     assert set(load_run(run, now=NOW).episodes[0].videos) == set()
 
 
+def test_symlinked_dirs_inside_a_run_are_not_followed(tmp_path: Path) -> None:
+    # `inner -> ebench` would otherwise list the same episodes again under made-up task names
+    run = tmp_path / "saved" / "eval_results" / "ebench" / "r"
+    _w(run / "progress.json", {})
+    _w(run / "ebench" / "t" / "000" / "result_info.json", {"score": 1.0})
+    (run / "inner").symlink_to(run / "ebench")
+    (run / "ebench" / "t" / "001").symlink_to(run / "ebench" / "t" / "000")
+    (run_info,) = find_runs(tmp_path, now=NOW)
+    assert [(e.task_name, e.seed) for e in run_info.episodes] == [("ebench/t", "000")]
+
+
 def test_hidden_dirs_and_nested_task_names(tmp_path: Path) -> None:
     run = tmp_path / "ebench" / "r"
     _w(run / "run.json", {})

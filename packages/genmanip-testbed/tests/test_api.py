@@ -174,7 +174,7 @@ def test_unknown_task_set_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_cli_serve_and_interrupt(tmp_path: Path) -> None:
-    env = {**os.environ, "GENMANIP_TOKEN": "clitok"}
+    env = {**os.environ, "GMP_TESTBED_TOKEN": "clitok"}
     proc = subprocess.Popen(
         [
             sys.executable,

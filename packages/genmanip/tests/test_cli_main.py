@@ -26,7 +26,7 @@ def returns_none(args):
 
 
 def auth(args):
-    raise AuthError("GET /status failed: HTTP 401", status=401, hint="set GENMANIP_TOKEN")
+    raise AuthError("GET /status failed: HTTP 401", status=401, hint="set GMP_TOKEN")
 
 
 def invalid(args):
@@ -85,7 +85,7 @@ def test_handler_runs_and_prints_data_on_stdout(handlers: None, capsys: pytest.C
 def test_genmanip_error_maps_to_its_exit_code_with_hint(handlers: None, capsys: pytest.CaptureFixture[str]) -> None:
     assert main_mod.main(["auth"]) == ExitCode.AUTH == 8
     err = capsys.readouterr().err
-    assert err == "gmp: error: GET /status failed: HTTP 401\nhint: set GENMANIP_TOKEN\n"
+    assert err == "gmp: error: GET /status failed: HTTP 401\nhint: set GMP_TOKEN\n"
     assert main_mod.main(["invalid"]) == ExitCode.INVALID_INPUT
     assert "a.json[1]: action: expected 16 floats, got 9 values" in capsys.readouterr().err
 

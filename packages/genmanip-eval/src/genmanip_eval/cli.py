@@ -116,6 +116,7 @@ def run_eval(args: argparse.Namespace) -> int:
         live_every=int(getattr(args, "live_every", 0) or 0),
         max_episodes=getattr(args, "max_episodes", None),
         plot_on_episode_end=bool(getattr(args, "plot_on_episode_end", False)),
+        ca_file=getattr(args, "ca_cert", None),
     )
     if not cfg.worker_ids:
         raise GenmanipEvalError("--worker-ids: no worker id given")
@@ -205,7 +206,10 @@ def submit(args: argparse.Namespace) -> int:
     console = Console.from_args(args)
     configs = [str(c) for c in args.configs]
     run_id = getattr(args, "run_id", None) or None
-    with EvalClient(_url(args), ["0"], None, getattr(args, "token", None), kill_on_close=False) as client:
+    with EvalClient(
+        _url(args), ["0"], None, getattr(args, "token", None), kill_on_close=False,
+        ca_file=getattr(args, "ca_cert", None),
+    ) as client:
         st = parse_status({"data": client.status()})
         if st.status == "running" and st.active_workers:
             raise JobRefused(
@@ -268,7 +272,10 @@ def status(args: argparse.Namespace) -> int:
     console = Console.from_args(args)
     want_run = getattr(args, "run_id", None)
     interval = max(0.2, float(getattr(args, "interval", 2.0) or 2.0))
-    with EvalClient(_url(args), ["0"], None, getattr(args, "token", None), kill_on_close=False) as client:
+    with EvalClient(
+        _url(args), ["0"], None, getattr(args, "token", None), kill_on_close=False,
+        ca_file=getattr(args, "ca_cert", None),
+    ) as client:
         last = None
         while True:
             data = client.status(refresh=True)

@@ -166,6 +166,8 @@ class Recorder:
         self._closed = False
         #: Finished episodes seen by this recorder: (success, score) — for the live running SR.
         self.finished: list[tuple[bool, float]] = []
+        #: The server's final metric (progress-prefixed task name -> score/sr), merged over workers.
+        self.final_metric: dict[str, Any] = {}
         self._writer = threading.Thread(target=self._writer_loop, name="gmp-recorder", daemon=True)
         self._transcoder = threading.Thread(target=self._transcode_loop, name="gmp-transcoder", daemon=True)
         self._writer.start()
@@ -337,7 +339,10 @@ class Recorder:
             self._put(("finish", ep, result))
 
     def worker_finished(self, worker_id: str, metric: Any) -> None:
-        """The worker has no task left."""
+        """The worker has no task left; ``metric`` is the server's final metric dict."""
+        if isinstance(metric, Mapping):
+            # run.json keeps it: the results reader derives the run's total episodes from it.
+            self.final_metric.update(metric)
         ep = self._episodes.pop(worker_id, None)
         if ep is not None:
             self._put(("abort", ep, "the worker finished without a result for this episode"))

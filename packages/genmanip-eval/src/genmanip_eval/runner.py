@@ -323,7 +323,10 @@ def run_workers(
             if recorder is not None:
                 try:
                     try:
-                        recorder.update_manifest(finished=_now(), codec=client.codec_name, frames=client.frames)
+                        extra = {"metric": dict(recorder.final_metric)} if recorder.final_metric else {}
+                        recorder.update_manifest(
+                            finished=_now(), codec=client.codec_name, frames=client.frames, **extra
+                        )
                     finally:
                         recorder.close()
                 except GenmanipError as exc:
@@ -418,10 +421,6 @@ def run_eval(
     events = ctx.Queue()
     child_stop = ctx.Event()
     procs = []
-    for i, g in enumerate(groups):
-        p = ctx.Process(target=_child_main, args=(cfg, g, events, child_stop, i), name=f"gmp-eval-{i}", daemon=False)
-        p.start()
-        procs.append(p)
     results: dict[int, dict[str, Any]] = {}
     failures: list[str] = []
     fail_code = ExitCode.FAILURE
@@ -431,6 +430,13 @@ def run_eval(
     interrupted = False
     t0 = time.perf_counter()
     try:
+        # Started inside the try: a Ctrl-C while children start must still stop the ones already
+        # running (they ignore SIGINT), or they go on stepping the server with no parent
+        # (found by tests/reliability/test_slow_server.py).
+        for i, g in enumerate(groups):
+            p = ctx.Process(target=_child_main, args=(cfg, g, events, child_stop, i), name=f"gmp-eval-{i}", daemon=False)
+            p.start()
+            procs.append(p)
         while len(reported) < len(procs):
             if stop is not None and stop.is_set():
                 child_stop.set()

@@ -464,8 +464,13 @@ def _walk(
             if not is_dir or name.startswith("."):
                 continue
             child = os.path.join(d, name)
-            if is_link and not _contained(child, root_s):
-                log.warning("skipping %s: symlink leads outside %s", child, root_s)
+            if is_link:
+                # Task names are the real directory path: a linked directory would list its
+                # episodes twice, or under a made-up task name. Never descend into one.
+                if not _contained(child, root_s):
+                    log.warning("skipping %s: symlink leads outside %s", child, root_s)
+                else:
+                    log.debug("skipping %s: a symlinked directory inside a run", child)
                 continue
             if rel and _SEED.match(name):
                 m, sub = lister.list_m(child)

@@ -50,7 +50,7 @@ def serve(args: argparse.Namespace) -> int:
     """Run the testbed in the foreground until Ctrl-C; one access-log line per request on stderr."""
     console = Console.from_args(args)
     _tune_malloc()
-    token = resolve_token(getattr(args, "token", None), "GENMANIP_TOKEN", "testbed")
+    token = resolve_token(getattr(args, "token", None), "GMP_TESTBED_TOKEN", "testbed")
     faults = (
         parse_fault_spec(",".join(getattr(args, "fault", None) or []))
         if getattr(args, "fault", None)

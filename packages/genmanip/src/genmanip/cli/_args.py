@@ -204,3 +204,11 @@ def add_connection_flags(
         default=None,
         help=f"bearer token (prefer ${token_env} or the config file: flags leak into shell history)",
     )
+    add_flag(
+        group,
+        "--ca-cert",
+        aliases=["--ca_cert"],
+        metavar="FILE",
+        default=None,
+        help="CA bundle that signed an https:// server's certificate (verification is always on)",
+    )

@@ -16,7 +16,7 @@ __all__ = ["ENVIRONMENT", "render_manpage"]
 #: Environment variables read by gmp commands: (name, meaning).
 ENVIRONMENT: tuple[tuple[str, str], ...] = (
     ("GMP_TOKEN", "bearer token of the evaluation server (eval, submit, status)"),
-    ("GENMANIP_TOKEN", "token the testbed server requires (testbed serve)"),
+    ("GMP_TESTBED_TOKEN", "token the testbed server requires (testbed serve)"),
     ("GENMANIP_RESULT_DIR", "results root (default ./client_results)"),
     ("GMP_ONLINE_URL, GMP_ONLINE_TOKEN", "online service base URL and token"),
     ("LEADERBOARD_HOST, LEADERBOARD_PORT", "leaderboard server (default localhost:8000)"),

@@ -51,7 +51,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         metavar="TOKEN",
         default=None,
         help="require 'Authorization: Bearer TOKEN' on every route but /docs "
-        "(default: $GENMANIP_TOKEN, else the config file's [testbed] token, else no auth)",
+        "(default: $GMP_TESTBED_TOKEN, else the config file's [testbed] token, else no auth)",
     )
     add_flag(
         p,
