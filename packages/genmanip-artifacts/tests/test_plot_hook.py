@@ -6,11 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from genmanip_artifacts import PlotHook
 from genmanip_eval import EvalConfig, load_episode_hook, run_workers
 from genmanip_protocol.results import find_runs
 from genmanip_testbed import serve_testbed
-
-from genmanip_artifacts import PlotHook
 
 
 def test_entry_point_provides_the_plot_hook() -> None:

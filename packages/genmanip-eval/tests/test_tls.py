@@ -42,5 +42,5 @@ def test_private_ca_verified_with_ca_file(tls_testbed: tuple[object, Path], tmp_
 def test_unknown_ca_is_refused(tls_testbed: tuple[object, Path], tmp_path: Path) -> None:
     tb, _ = tls_testbed
     url = tb.url.replace("http://", "https://")  # type: ignore[attr-defined]
-    with pytest.raises(TransportError, match="(?i)certificate"):
+    with pytest.raises(TransportError, match=r"(?i)certificate"):
         run_workers(EvalConfig(url=url, record=False, results_dir=str(tmp_path / "c")))

@@ -27,6 +27,7 @@ from .errors import (
     GenmanipArtifactsError,
     PlotFailures,
 )
+from .hooks import PlotHook, plot_hook
 from .plot import (
     ACTION_PLOT,
     MERGED_VIDEO,
@@ -38,7 +39,6 @@ from .plot import (
     plot_episode,
     plot_episodes,
 )
-from .hooks import PlotHook, plot_hook
 
 __all__ = [
     "ACTION_PLOT",

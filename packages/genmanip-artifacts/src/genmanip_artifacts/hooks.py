@@ -48,6 +48,9 @@ class PlotHook:
         self._thread.join(timeout)
         return len(self.failed)
 
+    def _lower_priority(self) -> None:
+        os.nice(self.nice)
+
     def _loop(self) -> None:
         while True:
             ep = self._q.get()
@@ -56,12 +59,11 @@ class PlotHook:
             cmd = [sys.executable, "-m", "genmanip_artifacts.hooks", str(ep)]
             if not self.video:
                 cmd.append("--no-video")
-            nice = self.nice
             proc = subprocess.run(  # noqa: PLW1510 - the return code is inspected below
                 cmd,
                 capture_output=True,
                 text=True,
-                preexec_fn=(lambda: os.nice(nice)) if nice and hasattr(os, "nice") else None,  # noqa: PLW1509
+                preexec_fn=self._lower_priority if self.nice and hasattr(os, "nice") else None,
             )
             if proc.returncode == 0:
                 self.done.append(ep)

@@ -21,6 +21,7 @@ from .errors import (
     StepTimeout,
     WorkerProcessError,
 )
+from .hooks import EPISODE_HOOK_GROUP, HookNotInstalledError, load_episode_hook
 from .policy import (
     BUILTIN_POLICIES,
     PolicyHandle,
@@ -28,7 +29,6 @@ from .policy import (
     load_policy_factory,
     parse_policy_args,
 )
-from .hooks import EPISODE_HOOK_GROUP, HookNotInstalledError, load_episode_hook
 from .recording import Recorder, camera_name, resolve_results_root
 from .runner import EvalConfig, RunSummary, run_eval, run_workers
 

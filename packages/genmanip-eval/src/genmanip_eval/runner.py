@@ -28,8 +28,8 @@ from genmanip_protocol.errors import ExitCode, GenmanipError
 
 from .client import DEFAULT_URL, EvalClient
 from .errors import PolicyError, WorkerProcessError
-from .policy import PolicyHandle
 from .hooks import load_episode_hook
+from .policy import PolicyHandle
 from .recording import Recorder, resolve_results_root
 
 __all__ = ["EvalConfig", "RunSummary", "package_versions", "run_eval", "run_workers"]

@@ -6,6 +6,39 @@ Small on purpose (numpy + msgpack): model repos, servers and validation tools ca
 from __future__ import annotations
 
 from .__about__ import __version__
+from .atomic import (
+    FileLock,
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_text,
+    merge_json,
+    read_json,
+)
+from .codec import (
+    LEGACY_CONTENT_TYPE,
+    MSGPACK_CONTENT_TYPE,
+    Codec,
+    JpegFrame,
+    LegacyCodec,
+    MsgpackCodec,
+    Observation,
+    codec_for_content_type,
+    decode_jpeg,
+    encode_jpeg,
+    get_codec,
+    safe_loads,
+)
+
+# --- exports added by other modules go below this line (keep each block sorted) ---
+from .config import (
+    Secret,
+    config_path,
+    load_config,
+    resolve_secret,
+    resolve_setting,
+    resolve_token,
+)
+from .console import Console, Progress, format_duration, table
 from .errors import (
     AuthError,
     ConfigError,
@@ -24,17 +57,6 @@ from .errors import (
     ValidationError,
     Violation,
 )
-from .robots import CAMERA_ORDER, ROBOTS, RobotSpec, get_robot, resolve_robot
-
-# --- exports added by other modules go below this line (keep each block sorted) ---
-from .config import (
-    Secret,
-    config_path,
-    load_config,
-    resolve_secret,
-    resolve_setting,
-    resolve_token,
-)
 from .results import (
     EpisodeInfo,
     LockInfo,
@@ -48,32 +70,8 @@ from .results import (
     load_run,
     read_locks,
 )
-from .codec import (
-    LEGACY_CONTENT_TYPE,
-    MSGPACK_CONTENT_TYPE,
-    Codec,
-    JpegFrame,
-    LegacyCodec,
-    MsgpackCodec,
-    Observation,
-    codec_for_content_type,
-    decode_jpeg,
-    encode_jpeg,
-    get_codec,
-    safe_loads,
-)
-from .video import (
-    FfmpegError,
-    FfmpegNotFoundError,
-    VideoError,
-    VideoInfo,
-    VideoWriter,
-    ffmpeg_executable,
-    probe_video,
-    read_video_frames,
-    transcode_jpegs,
-    video_info,
-)
+from .retry import Backoff, retry_call
+from .robots import CAMERA_ORDER, ROBOTS, RobotSpec, get_robot, resolve_robot
 from .schema import (
     ACTION_KEYS,
     CONTROL_TYPES,
@@ -104,18 +102,20 @@ from .schema import (
     validate_chunk,
     validate_observation,
 )
-from .atomic import (
-    FileLock,
-    atomic_write_bytes,
-    atomic_write_json,
-    atomic_write_text,
-    merge_json,
-    read_json,
-)
 from .stats import wilson_interval
-from .console import Console, Progress, format_duration, table
-from .retry import Backoff, retry_call
 from .transport import HttpTransport, Response, build_base_url, is_loopback_host
+from .video import (
+    FfmpegError,
+    FfmpegNotFoundError,
+    VideoError,
+    VideoInfo,
+    VideoWriter,
+    ffmpeg_executable,
+    probe_video,
+    read_video_frames,
+    transcode_jpegs,
+    video_info,
+)
 
 __all__ = [
     "ACTION_KEYS",

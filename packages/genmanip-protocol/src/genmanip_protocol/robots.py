@@ -147,7 +147,7 @@ class RobotSpec:
         """Split an action vector into (arm joints of every arm, gripper joints of every arm)."""
         arms: list[float] = []
         grips: list[float] = []
-        for a, g in zip(self.arm_slices, self.gripper_slices):
+        for a, g in zip(self.arm_slices, self.gripper_slices, strict=True):
             arms.extend(vector[a])
             grips.extend(vector[g])
         return arms, grips
