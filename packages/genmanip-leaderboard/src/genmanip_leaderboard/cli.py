@@ -42,13 +42,6 @@ TOKEN_ENV = "USER_TOKEN"  # noqa: S105 - the variable name, not a token
 SECTION = "leaderboard"
 
 
-def _reveal(value: Any) -> str | None:
-    if value is None:
-        return None
-    reveal = getattr(value, "reveal", None)
-    out = reveal() if callable(reveal) else value
-    return str(out) if out else None
-
 
 def _print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
@@ -85,7 +78,7 @@ def client_from_args(args: argparse.Namespace, *, need_token: bool) -> Leaderboa
     if getattr(args, "token", None):
         log.warning("--token puts the token in process lists and shell history; prefer $%s "
                     "or the config file", TOKEN_ENV)
-    token = _reveal(resolve_token(getattr(args, "token", None), TOKEN_ENV, SECTION))
+    token = resolve_token(getattr(args, "token", None), TOKEN_ENV, SECTION)
     if need_token and not token:
         raise MissingTokenError(
             "the leaderboard needs an author token",

@@ -46,20 +46,13 @@ SECTION = "online"
 DEFAULT_DEADLINE = 3600.0
 
 
-def _reveal(value: Any) -> str | None:
-    if value is None:
-        return None
-    reveal = getattr(value, "reveal", None)
-    out = reveal() if callable(reveal) else value
-    return str(out) if out else None
-
 
 def resolve_online_token(args: argparse.Namespace) -> str:
     """The token from ``--token``, ``$GMP_ONLINE_TOKEN`` or ``[online] token`` in the config file."""
     if getattr(args, "token", None):
         log.warning("--token puts the token in process lists and shell history; prefer $%s "
                     "or the config file", TOKEN_ENV)
-    token = _reveal(resolve_token(getattr(args, "token", None), TOKEN_ENV, SECTION))
+    token = resolve_token(getattr(args, "token", None), TOKEN_ENV, SECTION)
     if not token:
         raise MissingTokenError(
             "the online service needs a token",
