@@ -24,7 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _rel import md_table
-from checks import GMP, python_env
+from checks import python_env
 
 
 def step_timeout_case(limit: float = 0.5, latency: float = 3.0) -> dict[str, Any]:
@@ -100,6 +100,12 @@ class _Blackhole:
         self.sock.close()
 
 
+_DFL_SIGINT_EXEC = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.executable, [sys.executable, '-m', 'genmanip', *sys.argv[1:]])"
+)
+
+
 def _waiting(wait: str, tb: Any, hole: _Blackhole | None) -> bool:
     """True once the client is inside the wait under test (seen from the server side)."""
     if hole is not None:
@@ -118,9 +124,12 @@ def sigint_case(wait: str, processes: int = 1, after: float = 0.5) -> dict[str, 
     tb = ctx.__enter__() if ctx is not None else None
     try:
         url = hole.url if hole is not None else tb.url  # type: ignore[union-attr]
+        # An interactive shell starts commands with SIGINT at its default; a test runner may hand
+        # down SIG_IGN (inherited across exec), which would make Ctrl-C a no-op: reset it, then
+        # exec gmp in the same process (same pid).
         proc = subprocess.Popen(
-            [*GMP, "eval", "--url", url, "--policy", "zero", "--no-record", "--worker-ids", "0,1",
-             "--processes", str(processes)],
+            [sys.executable, "-c", _DFL_SIGINT_EXEC, "eval", "--url", url, "--policy", "zero", "--no-record",
+             "--worker-ids", "0,1", "--processes", str(processes)],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=python_env())
         # SIGINT only once the client is in the wait (on a loaded machine start-up alone can take
         # seconds), then a little later so it is blocked in it

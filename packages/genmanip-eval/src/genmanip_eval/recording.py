@@ -21,6 +21,7 @@ import logging
 import os
 import queue
 import shutil
+import socket
 import struct
 import threading
 import time
@@ -51,6 +52,15 @@ log = logging.getLogger("genmanip_eval.recording")
 RESULTS_DIR_ENV = "GENMANIP_RESULT_DIR"
 _LEN = struct.Struct(">I")
 _FRAMES_DIR = ".frames"
+#: Written (fsynced) when an episode's last step is recorded, before its videos are transcoded:
+#: with the frame spool and steps.jsonl it is everything needed to finish the episode, so a
+#: recorder started after a crash completes it (``Recorder.recover``). Removed after result.json.
+_PENDING_GLOB = ".pending_result.*.json"
+
+
+def _pending_name(pid: int) -> str:
+    # The owner's pid is in the name: claiming an abandoned file is one atomic rename.
+    return f".pending_result.{pid}.json"
 _RECORDING_FILES = ("steps.jsonl", "result.json", "INCOMPLETE")
 
 
@@ -106,6 +116,28 @@ class _Episode:
     last_ts: int | None = None
 
 
+def _owner_alive(pid: int | None, host: Any) -> bool:
+    """Is the recorder that owns a pending result still running (or on another host: unknown)?"""
+    if host != socket.gethostname():
+        return True  # cannot tell: never race another machine's recorder on a shared filesystem
+    if pid is None or pid <= 0:
+        return False
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A killed worker whose parent died too may linger as a zombie (nobody reaps it): dead.
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
+
+
 def _state_of(obs: Any) -> dict[str, Any] | None:
     out: dict[str, Any] = {}
     for key, name in (("state.joints", "joints"), ("state.gripper", "gripper"), ("state.base", "base")):
@@ -159,6 +191,7 @@ class Recorder:
         self._open: dict[int, dict[str, Any]] = {}  # writer-thread state per episode object id
         self._run_dirs: set[Path] = set()
         self._run_ids: dict[Path, tuple[str, str]] = {}
+        self._recovered: set[Path] = set()
         # Episode directories with a transcode queued or running: a re-run of the same episode
         # waits for it, so files of two attempts never mix.
         self._busy: dict[Path, int] = {}
@@ -436,13 +469,15 @@ class Recorder:
         return directory
 
     def _w_begin(self, ep: _Episode) -> None:
-        with self._busy_cv:
-            while self._busy.get(ep.directory, 0) > 0 and self._error is None:
-                self._busy_cv.wait(0.2)
         if ep.run_dir not in self._run_dirs:
             self._safe_dir(ep.run_dir)
             self._run_dirs.add(ep.run_dir)
             self._merge_run_json(ep.run_dir)
+            self.recover(ep.run_dir)
+        # (after recover: an interrupted attempt of this very episode finishes before it is replaced)
+        with self._busy_cv:
+            while self._busy.get(ep.directory, 0) > 0 and self._error is None:
+                self._busy_cv.wait(0.2)
         d = self._safe_dir(ep.directory)
         # A re-run replaces the previous attempt: rows of different attempts never mix.
         if (d / "result.json").exists():
@@ -456,6 +491,8 @@ class Recorder:
             merge_json(d.parent / "episode_result.json", drop, d.parent / "episode_result.lock")
         for name in _RECORDING_FILES:
             (d / name).unlink(missing_ok=True)
+        for pending in d.glob(_PENDING_GLOB):
+            pending.unlink(missing_ok=True)
         for mp4 in d.glob("*.mp4"):
             mp4.unlink()
         shutil.rmtree(d / _FRAMES_DIR, ignore_errors=True)
@@ -525,9 +562,88 @@ class Recorder:
 
     def _w_finish(self, ep: _Episode, result: EpisodeResult) -> None:
         cams = self._close_files(ep)
+        finished = _now()
+        # The server will not serve this seed again: persist what the transcoder needs before
+        # queueing it, so a crash during transcoding cannot lose the episode.
+        atomic_write_json(
+            ep.directory / _pending_name(os.getpid()),
+            {
+                "episode": {
+                    k: getattr(ep, k)
+                    for k in ("episode_id", "task_name", "seed", "worker_id", "robot_id", "instruction",
+                              "started", "steps")
+                },
+                "result": {"score": result.score, "sr": result.sr},
+                "cameras": cams,
+                "finished": finished,
+                # recovery leaves episodes of live recorders (pid in the file name) alone
+                "host": socket.gethostname(),
+            },
+        )
+        self._queue_transcode(ep, result, cams, finished)
+
+    def _queue_transcode(self, ep: _Episode, result: EpisodeResult, cams: list[str], finished: str) -> None:
         with self._busy_cv:
             self._busy[ep.directory] = self._busy.get(ep.directory, 0) + 1
-        self._tq.put((ep, result, cams, _now()))
+        self._tq.put((ep, result, cams, finished))
+
+    def recover_run_id(self, run_id: str) -> int:
+        """:meth:`recover` every ``<root>/<benchmark>/<run_id>`` (a resumed run)."""
+        try:
+            safe_relative_path(run_id, field="run_id")
+        except ValidationError:
+            return 0
+        found = 0
+        for bench in sorted(self.root.iterdir()) if self.root.is_dir() else []:
+            if bench.is_dir() and not bench.is_symlink() and (bench / run_id).is_dir():
+                found += self.recover(bench / run_id)
+        return found
+
+    def recover(self, run_dir: Path) -> int:
+        """Finish episodes of ``run_dir`` whose last step was recorded but whose transcoding was
+        cut short (the process died): queue their transcodes; return how many were found.
+
+        Safe to call on any run directory: episodes without a pending result are untouched.
+        """
+        run_dir = Path(run_dir)
+        if run_dir in self._recovered or not run_dir.is_dir():
+            return 0
+        self._recovered.add(run_dir)
+        found = 0
+        for pending in sorted(run_dir.rglob(_PENDING_GLOB)):
+            d = pending.parent
+            try:
+                self._safe_dir(d)
+                info = json.loads(pending.read_text())
+                pid = pending.name.split(".")[2]
+                if _owner_alive(int(pid) if pid.isdigit() else None, info.get("host")):
+                    continue
+                try:
+                    # Claim it: of several recorders resuming this run, exactly one wins.
+                    os.rename(pending, d / _pending_name(os.getpid()))
+                except FileNotFoundError:
+                    continue
+                e = info["episode"]
+                ep = _Episode(
+                    episode_id=str(e["episode_id"]), directory=d, run_dir=run_dir,
+                    task_name=str(e["task_name"]), seed=str(e["seed"]), worker_id=str(e["worker_id"]),
+                    robot_id=e.get("robot_id"), instruction=e.get("instruction"),
+                    started=str(e["started"]), steps=int(e["steps"]),
+                )
+                result = EpisodeResult(
+                    episode_id=ep.episode_id, task_name=ep.task_name, seed=ep.seed,
+                    score=float(info["result"]["score"]), sr=float(info["result"]["sr"]),
+                )
+                cams = [str(c) for c in info["cameras"]]
+                if not all((d / _FRAMES_DIR / f"{c}.jpegs").is_file() for c in cams):
+                    raise ValueError("frame spool missing")
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                log.warning("cannot finish the interrupted episode in %s: %s", d, exc)
+                continue
+            log.info("finishing episode %s, interrupted while transcoding", ep.episode_id)
+            self._queue_transcode(ep, result, cams, str(info.get("finished") or _now()))
+            found += 1
+        return found
 
     def _w_live(self, run_dir: Path, worker_id: str, frames: dict[str, Any], info: dict[str, Any]) -> None:
         try:
@@ -607,6 +723,8 @@ class Recorder:
             },
         )
         (d / "INCOMPLETE").unlink(missing_ok=True)
+        for pending in d.glob(_PENDING_GLOB):
+            pending.unlink(missing_ok=True)
         shutil.rmtree(d / _FRAMES_DIR, ignore_errors=True)
         if self.on_episode_complete is not None:
             self.on_episode_complete(d)

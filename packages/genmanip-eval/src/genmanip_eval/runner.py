@@ -200,6 +200,9 @@ def run_workers(
             live_every=cfg.live_every,
             on_episode_complete=plot_hook,
         )
+        if cfg.run_id:
+            # A resumed run: finish episodes a killed predecessor recorded but did not transcode.
+            recorder.recover_run_id(cfg.run_id)
     elif cfg.plot_on_episode_end:
         raise PolicyError("--plot-on-episode-end plots recorded episodes: it cannot be used with --no-record")
 

@@ -201,6 +201,7 @@ class HostedServices:
         limit = self.server.options.max_upload_bytes
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
+            await _drain(request.receive)
             return JSONResponse(
                 {"error": f"upload too large: {declared} bytes exceeds the limit of {limit} bytes"},
                 status_code=413,
@@ -221,6 +222,7 @@ class HostedServices:
         try:
             form = await req.form(max_files=1, max_fields=16)
         except _TooLarge:
+            await _drain(original)
             return JSONResponse(
                 {"error": f"upload too large: exceeds the limit of {limit} bytes"}, status_code=413
             )
@@ -339,3 +341,18 @@ class HostedServices:
             cores = [t.core for t in self._tasks.values() if t.core is not None]
         for c in cores:
             c.close()
+
+
+#: Bytes of a refused upload still read (and discarded) before answering 413: a client that
+#: sends its whole body before reading the reply then sees the 413, not a reset connection.
+_DRAIN_BUDGET = 8 * 1024 * 1024
+
+
+async def _drain(receive: Any, budget: int = _DRAIN_BUDGET) -> None:
+    while budget > 0:
+        msg = await receive()
+        if msg.get("type") != "http.request":
+            return
+        budget -= len(msg.get("body", b""))
+        if not msg.get("more_body", False):
+            return
