@@ -171,7 +171,7 @@ class Recorder:
         live_every: int = 0,
         queue_size: int = 64,
         fps: int = 30,
-        nice: int = 10,
+        nice: int = 19,
         on_episode_complete: Callable[[Path], Any] | None = None,
     ) -> None:
         self.root = Path(root).absolute()
@@ -690,12 +690,12 @@ class Recorder:
 
         def one(cam: str) -> int:
             src = d / _FRAMES_DIR / f"{cam}.jpegs"
-            return transcode_jpegs(iter_frame_file(src), d / f"{cam}.mp4", fps=self.fps, nice=self.nice)
+            return transcode_jpegs(iter_frame_file(src), d / f"{cam}.mp4", fps=self.fps, nice=self.nice, threads=1)
 
         # The cameras of one episode transcode concurrently (ffmpeg start-up dominates short
         # episodes); niced, so the step loop keeps priority.
         if len(cams) > 1:
-            with ThreadPoolExecutor(max_workers=min(4, len(cams)), thread_name_prefix="gmp-ffmpeg") as pool:
+            with ThreadPoolExecutor(max_workers=min(2, len(cams)), thread_name_prefix="gmp-ffmpeg") as pool:
                 list(pool.map(one, cams))
         else:
             for cam in cams:
