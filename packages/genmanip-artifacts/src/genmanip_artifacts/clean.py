@@ -29,7 +29,7 @@ import os
 import re
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -175,11 +175,11 @@ def _write_protected(st: os.stat_result) -> bool:
     return not (st.st_mode & stat.S_IWUSR)
 
 
-def _tree_size(path: Path) -> tuple[int, Path | None]:
-    """(bytes of regular files under ``path`` without following links, first write-protected entry)."""
-    total = 0
-    protected: Path | None = None
-    stack = [path]
+def _lstat_walk(top: Path, skip: Callable[[str], bool] = lambda name: False) -> Iterator[tuple[Path, os.stat_result]]:
+    """Every entry under ``top`` with its ``lstat``; descends into real directories only (never
+    through a symlink) and not into entries whose name ``skip`` rejects. Unreadable entries are
+    passed over."""
+    stack = [top]
     while stack:
         d = stack.pop()
         try:
@@ -188,18 +188,28 @@ def _tree_size(path: Path) -> tuple[int, Path | None]:
         except OSError:
             continue
         for e in entries:
+            if skip(e.name):
+                continue
             try:
                 st = e.stat(follow_symlinks=False)
             except OSError:
                 continue
-            if stat.S_ISLNK(st.st_mode):
-                continue
-            if protected is None and _write_protected(st):
-                protected = Path(e.path)
             if stat.S_ISDIR(st.st_mode):
                 stack.append(Path(e.path))
-            elif stat.S_ISREG(st.st_mode):
-                total += st.st_size
+            yield Path(e.path), st
+
+
+def _tree_size(path: Path) -> tuple[int, Path | None]:
+    """(bytes of regular files under ``path`` without following links, first write-protected entry)."""
+    total = 0
+    protected: Path | None = None
+    for p, st in _lstat_walk(path):
+        if stat.S_ISLNK(st.st_mode):
+            continue
+        if protected is None and _write_protected(st):
+            protected = p
+        if stat.S_ISREG(st.st_mode):
+            total += st.st_size
     return total, protected
 
 
@@ -214,33 +224,20 @@ def _within(path: Path, base: Path) -> bool:
 def _newest_activity(run_dir: Path) -> float:
     """Newest mtime in a run, ignoring what is written after a run ends (submission flag, viewer
     caches, plots) and the locks (checked separately)."""
-    newest = 0.0
-    stack = [run_dir]
-    while stack:
-        d = stack.pop()
-        try:
-            with os.scandir(d) as it:
-                entries = list(it)
-        except OSError:
-            continue
-        for e in entries:
-            if (
-                e.name == "submitted.flag"
-                or e.name.startswith(VIEWER_CACHE_PREFIX)
-                or e.name.endswith(".lock")
-                or e.name in _PLOT_NAMES
-            ):
-                continue
-            try:
-                st = e.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            if stat.S_ISDIR(st.st_mode):
-                # A directory's mtime moves when a plot or cache is added: only files count.
-                stack.append(Path(e.path))
-            else:
-                newest = max(newest, st.st_mtime)
-    return newest
+
+    def after_the_run(name: str) -> bool:
+        return (
+            name == "submitted.flag"
+            or name.startswith(VIEWER_CACHE_PREFIX)
+            or name.endswith(".lock")
+            or name in _PLOT_NAMES
+        )
+
+    # A directory's mtime moves when a plot or cache is added: only files count.
+    return max(
+        (st.st_mtime for _, st in _lstat_walk(run_dir, after_the_run) if not stat.S_ISDIR(st.st_mode)),
+        default=0.0,
+    )
 
 
 def _fresh_locks(run_dir: Path, now: float) -> list[str]:
