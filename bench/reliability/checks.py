@@ -143,3 +143,17 @@ def check_run(run_dir: Path, *, server_steps: Mapping[str, int] | None = None,
             if seed in merged and merged[seed].get("score") != score:
                 res.problems.append(f"{task_dir.relative_to(run_dir)}/{seed}: score differs")
     return res
+
+
+def unrecorded_with_reason(episode_dir: Path) -> bool:
+    """A server-finished episode the client did not record is acceptable only when its INCOMPLETE
+    marker says why: the reply carrying its result was lost, or the result was collected but the
+    recording lacks its last steps (``server_result``, e.g. a chunk's reply lost, or a kill in the
+    milliseconds between the last action and its row reaching the disk)."""
+    try:
+        info = json.loads((episode_dir / "INCOMPLETE").read_text())
+    except (OSError, ValueError):
+        return False
+    reason = str(info.get("reason") or "")
+    return "server_result" in info or "reply carrying its result was lost" in reason
+

@@ -14,6 +14,7 @@ Usage: python bench/reliability/slow_server.py [--repeats 3]
 from __future__ import annotations
 
 import argparse
+import random
 import signal
 import socket
 import subprocess
@@ -34,7 +35,9 @@ def step_timeout_case(limit: float = 0.5, latency: float = 3.0) -> dict[str, Any
     from genmanip_testbed import serve_testbed
 
     with serve_testbed(tasks="testbed/smoke", faults=f"latency={latency}s,routes=step") as tb:
-        client = EvalClient(tb.url, ["0"], timeouts={"step": limit})
+        # max_recoveries=0: the timeout itself is measured (with recovery on, the client would
+        # restart the episode and go on; tests/test_recovery.py covers that).
+        client = EvalClient(tb.url, ["0"], timeouts={"step": limit}, max_recoveries=0)
         try:
             entries = client.reset()
             act = ZeroPolicy().get_action(entries["0"]["obs"])
@@ -157,6 +160,25 @@ def sigint_case(wait: str, processes: int = 1, after: float = 0.5) -> dict[str, 
             "exit_s": round(elapsed, 2), "traceback": "Traceback" in err, "stderr_tail": err[-400:]}
 
 
+def startup_sigint_case(delay: float) -> dict[str, Any]:
+    """SIGINT ``delay`` seconds after ``gmp eval`` was exec'ed: while Python starts, imports gmp and
+    its handler, connects. Python's own handler is installed a few ms into start-up; before that a
+    SIGINT simply ends the process (-2), after it gmp must say ``gmp: interrupted`` (130)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _DFL_SIGINT_EXEC, "eval", "--url", "http://127.0.0.1:9", "--policy", "zero",
+         "--no-record"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=python_env())
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    _, err_b = proc.communicate(timeout=30)
+    err = err_b.decode("utf-8", "replace")
+    # A SIGINT while the interpreter itself starts (``site`` processing .pth files, before any
+    # gmp code exists) gets Python's traceback whatever the program: counted apart.
+    in_python = "Traceback" in err and ("<frozen site>" in err or "/site.py" in err)
+    return {"delay": delay, "rc": proc.returncode, "traceback": "Traceback" in err and not in_python,
+            "python_startup": in_python, "stderr_tail": err[-400:]}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
@@ -188,6 +210,16 @@ def main(argv: list[str] | None = None) -> int:
                 bad += not ok
                 rows.append([wait, processes, r["rc"], r["exit_s"], "yes" if r["traceback"] else "no",
                              "ok" if ok else "FAIL"])
+    rnd = random.Random(1)
+    starts = [startup_sigint_case(rnd.uniform(0.0, 0.6)) for _ in range(10 * a.repeats)]
+    codes = sorted({r["rc"] for r in starts})
+    tracebacks = sum(r["traceback"] for r in starts)
+    in_python = sum(r["python_startup"] for r in starts)
+    ok = tracebacks == 0
+    bad += not ok
+    rows.append(["start-up (0-0.6 s after exec)", f"1 ({len(starts)} times)", "/".join(map(str, codes)),
+                 "-", f"{tracebacks} of {len(starts)} (+{in_python} inside Python's own start-up)",
+                 "ok" if ok else "FAIL"])
     print("\n### Ctrl-C (SIGINT) while waiting\n")
     print(md_table(["waiting on", "processes", "exit code", "s from SIGINT to exit", "traceback", "verdict"],
                    rows))

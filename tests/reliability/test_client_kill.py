@@ -19,9 +19,12 @@ def test_sigkill_at_random_moments_loses_nothing_and_resume_finishes_the_missing
     assert r["rewritten_finished"] == []
     assert r["final_rc"] == 0
     assert r["server_finished"] == 8
-    # An episode whose result was still in flight when the client died (the server reports it one
-    # hop late and never again) stays INCOMPLETE on the client: that is the only allowed gap, and
-    # it is marked, never silently missing. Every other episode is recorded and complete.
-    assert len(r["server_only"]) == r["server_finished"] - r["client_finished"]
-    assert sorted(r["incomplete_left"]) == sorted(r["server_only"])
+    # A result the killed client was waiting for is collected by the next run (it does not kill a
+    # worker that is resetting: it takes the result over). The only episodes allowed to stay
+    # unrecorded are those whose last rows had not reached the disk when the kill came (the
+    # recorder's queue is bounded, not empty): their INCOMPLETE marker says so, with the server's
+    # result. At most one per kill.
+    assert r["server_only"] == r["server_only_explained"]
+    assert len(r["server_only"]) <= r["kills"], r["server_only"]
+    assert r["client_finished"] + len(r["server_only"]) == r["server_finished"]
     assert r["videos_checked"] >= 8

@@ -31,3 +31,14 @@ def test_ctrl_c_during_a_wait_exits_promptly_and_cleanly(wait: str, processes: i
     assert r["rc"] == 130, r["stderr_tail"]
     assert r["exit_s"] < 5.0
     assert not r["traceback"], r["stderr_tail"]
+
+
+def test_ctrl_c_while_gmp_starts_never_shows_a_traceback() -> None:
+    # 0.6 s spans interpreter start-up, importing gmp and the eval handler, and connecting.
+    for i in range(12):
+        r = slow_server.startup_sigint_case(i * 0.05)
+        assert not r["traceback"], r["stderr_tail"]
+        if not r["python_startup"]:
+            # -2: before Python installed its SIGINT handler; 6 (connection refused): the signal
+            # came after the run had already failed
+            assert r["rc"] in (130, -2, 6), r

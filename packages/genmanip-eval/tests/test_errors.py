@@ -43,7 +43,7 @@ def test_server_500_detail_surfaces(smoke: Any) -> None:
 
 def test_step_timeout_is_not_replayed(tmp_path: Any) -> None:
     with serve_testbed(tasks=("testbed/smoke",), num_steps=6, results_root=tmp_path) as tb:
-        with EvalClient(tb.url, ["0"], timeouts={"step": 0.3}) as c:
+        with EvalClient(tb.url, ["0"], timeouts={"step": 0.3}, max_recoveries=0) as c:
             e = c.reset()
             tb.set_faults({"latency": "1s"})
             with pytest.raises(StepTimeout) as info:

@@ -62,4 +62,4 @@ def test_wheel_ships_the_man_page(tmp_path: Path) -> None:
         assert man, names
         assert b"'gmp eval'" in zf.read(man[0])
         entry = zf.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
-    assert "gmp = genmanip.cli.main:console_main" in entry
+    assert "gmp = genmanip.cli:console_main" in entry

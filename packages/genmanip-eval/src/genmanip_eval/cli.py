@@ -96,6 +96,7 @@ def run_eval(args: argparse.Namespace) -> int:
     if getattr(args, "control_type", None):
         console.warn("--control-type has no effect: the policy chooses each action's control_type")
     chunk = getattr(args, "chunk_size", None)
+    recoveries = getattr(args, "max_recoveries", None)
     cfg = EvalConfig(
         url=_url(args),
         token=getattr(args, "token", None),
@@ -115,6 +116,7 @@ def run_eval(args: argparse.Namespace) -> int:
         results_dir=getattr(args, "results_dir", None),
         live_every=int(getattr(args, "live_every", 0) or 0),
         max_episodes=getattr(args, "max_episodes", None),
+        max_recoveries=3 if recoveries is None else max(0, int(recoveries)),
         plot_on_episode_end=bool(getattr(args, "plot_on_episode_end", False)),
         ca_file=getattr(args, "ca_cert", None),
     )
@@ -178,6 +180,11 @@ def evaluate(cfg: EvalConfig, console: Console, *, label: str = "eval") -> RunSu
                     f"worker {payload.get('worker_id')}: the server lost the episode lock; "
                     "the episode was aborted and re-queued"
                 )
+            elif kind == "restart":
+                console.warn(
+                    f"worker {payload.get('worker_id')}: episode {payload.get('episode_id')} restarted "
+                    f"({payload.get('reason')})"
+                )
             elif kind == "connected":
                 console.debug(f"connected: codec={payload['codec']} frames={payload['frames']}")
             elif kind == "run_dir":
@@ -190,6 +197,11 @@ def evaluate(cfg: EvalConfig, console: Console, *, label: str = "eval") -> RunSu
         f"{label}: {len(summary.episodes)} episodes, {summary.steps} steps in {elapsed:.1f} s "
         f"({summary.steps / elapsed:.1f} steps/s)"
         + (f", {summary.lock_lost} lock losses" if summary.lock_lost else "")
+        + (
+            f", {summary.recoveries} failed requests recovered from ({summary.restarts} episodes restarted)"
+            if summary.recoveries
+            else ""
+        )
     )
     if summary.episodes:
         rows = per_task_rows(summary.episodes)

@@ -20,12 +20,19 @@ What it does differently (see docs/eval.md):
 * Chunks go through ``/step_chunk`` per worker (in parallel threads), so a finished or resetting
   worker never cuts another worker's chunk short.
 * Every action is validated against the robot spec before it is sent; a failed ``/step`` is never
-  replayed and raises :class:`~genmanip_eval.errors.StepError` saying whether it may have run.
+  replayed. The client finds out what happened instead (``/reset_result`` of that worker): if the
+  request ended the episode, its result is collected; otherwise the episode is restarted
+  (``/kill``, ``/reset``: the server re-queues the seed), so no action ever counts twice. After
+  ``max_recoveries`` consecutive failures of a worker it raises
+  :class:`~genmanip_eval.errors.StepError` saying whether the action may have run.
+* ``reset()`` first collects what a previous client left on its workers (a finished episode's
+  result, a reset already under way) instead of killing it, so a resumed run loses nothing.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -126,7 +133,17 @@ class StepTiming:
 
 
 class StepListener(Protocol):
-    """What the client tells a recorder, in order, on the thread that calls ``reset``/``step``."""
+    """What the client tells a recorder, in order, on the thread that calls ``reset``/``step``.
+
+    Optional methods, called when the listener has them:
+
+    * ``episode_ended(worker_id)``: the server ended the worker's episode (its last action was
+      reported through ``executed``); the result follows with ``episode_end``.
+    * ``episode_aborted(worker_id, reason)``: the episode will never be completed by this client
+      (e.g. restarted after a failed request); without it ``episode_end(wid, None, lock_lost=False)``.
+    * ``adopt_result(worker_id, result)``: a result for an episode this client did not record
+      (a previous client's, collected when resuming, or one whose recording was aborted).
+    """
 
     def executed(
         self,
@@ -158,6 +175,13 @@ class _WorkerState:
     pending: bool = False
     stopped_early: bool = False
     in_episode: bool = False
+    #: the server ended the recorded episode; its result is awaited
+    awaiting: bool = False
+    #: consecutive failed requests recovered from (reset by a successful step)
+    failures: int = 0
+    #: actions of a failed request that turned out to have ended the episode, recorded once the
+    #: result confirms it: (actions, meta, chunked)
+    unconfirmed: tuple[list[dict[str, Any]], Mapping[str, Any], bool] | None = None
     episode_id: str | None = None
     robot: RobotSpec | None = None
     timing: StepTiming = field(default_factory=StepTiming)
@@ -205,6 +229,12 @@ class EvalClient:
         render_mode, subframes, render_suffix: ``/step_chunk`` query parameters (server defaults
             when None).
         kill_on_start: ``/kill`` own worker ids before ``/reset`` (the correct order; default True).
+        adopt_on_start: before that kill, collect what each worker holds from a previous client
+            (a reset under way or finished, with the previous episode's result): such a worker is
+            not killed and its result is not lost (default True).
+        max_recoveries: consecutive failed requests of one worker the client recovers from
+            (finding out whether the request ran, restarting the episode if unsure) before it
+            raises; 0 raises at the first failure.
         kill_on_close: ``/kill`` own worker ids in :meth:`close` unless every worker finished.
         on_event: ``callback(name, payload)`` for ``"episode_finished"``, ``"lock_lost"`` and
             ``"worker_finished"``.
@@ -236,6 +266,8 @@ class EvalClient:
         subframes: int | None = None,
         render_suffix: int | None = None,
         kill_on_start: bool = True,
+        adopt_on_start: bool = True,
+        max_recoveries: int = 3,
         kill_on_close: bool = True,
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
         listener: StepListener | None = None,
@@ -293,6 +325,8 @@ class EvalClient:
         self.subframes = subframes
         self.render_suffix = render_suffix
         self.kill_on_start = kill_on_start
+        self.adopt_on_start = adopt_on_start
+        self.max_recoveries = max(0, int(max_recoveries))
         self.kill_on_close = kill_on_close
         self._on_event = on_event
         self._poll_initial = poll_initial
@@ -329,8 +363,16 @@ class EvalClient:
         self.episode_results: list[EpisodeResult] = []
         #: How many times the server reported ``lock_lost`` (the episode was aborted and re-queued).
         self.lock_lost_count = 0
-        #: Counters: requests per route, executed steps per worker, episodes.
-        self.stats: dict[str, Any] = {"requests": {}, "executed_steps": {}, "episodes": 0}
+        #: Counters: requests per route, executed steps per worker, episodes, failed requests
+        #: recovered from, episodes restarted, results collected from a previous client.
+        self.stats: dict[str, Any] = {
+            "requests": {},
+            "executed_steps": {},
+            "episodes": 0,
+            "recoveries": 0,
+            "restarts": 0,
+            "adopted": 0,
+        }
 
     # ------------------------------------------------------------------ plumbing
 
@@ -532,11 +574,14 @@ class EvalClient:
     def reset(self) -> dict[str, dict[str, Any]]:
         """Start (or restart) evaluation on this client's workers.
 
-        Kills the client's own worker ids (so no seed leaks), calls ``/reset`` and polls
-        ``/reset_result`` until workers have their first observation. It returns as soon as at
-        least one worker can act (or all have finished); a worker still resetting then has
-        ``obs=None`` and ``reset_pending=True`` and is resolved by later calls — blocking on it
-        could deadlock a multi-worker client whose other workers hold the seeds it waits for.
+        First collects, per worker, what a previous client left there (``adopt_on_start``): a
+        worker whose reset is under way or finished keeps it, and the previous episode's result
+        it carries is reported (``episode_results``, the listener's ``adopt_result``). Every other
+        worker is killed (so no seed leaks) and reset with ``/reset``. Then ``/reset_result`` is
+        polled until workers have their first observation. It returns as soon as at least one
+        worker can act (or all have finished); a worker still resetting then has ``obs=None``
+        and ``reset_pending=True`` and is resolved by later calls — blocking on it could deadlock
+        a multi-worker client whose other workers hold the seeds it waits for.
 
         Returns:
             ``{worker_id: {"obs": Observation | None, "metric": dict | None, "episode_result":
@@ -545,23 +590,43 @@ class EvalClient:
         """
         self._check_open()
         self.connect()
+        adopted: dict[str, WorkerEntry] = {}
         if self.kill_on_start:
-            self.kill()
+            if self.adopt_on_start:
+                for wid in self.worker_ids:
+                    entry = self._probe(wid)
+                    if entry is not None:
+                        adopted[wid] = entry
+                if adopted:
+                    log.info(
+                        "worker(s) %s: a reset from a previous client is under way or finished: "
+                        "collecting it instead of killing the worker", ", ".join(adopted)
+                    )
+            rest = [w for w in self.worker_ids if w not in adopted]
+            if rest:
+                self.kill(rest)
+        else:
+            rest = list(self.worker_ids)
         for st in self._state.values():
             st.executed_steps = 0
             st.lock_lost = False
+            st.finished = False
+            st.pending = False
+            st.awaiting = False
+            st.unconfirmed = None
         t0 = time.perf_counter()
-        data, resp = self._wire_call(
-            self.http, "/reset", {"worker_ids": list(self.worker_ids)}, timeout=self.timeouts["reset"]
-        )
-        entries = parse_step_response(data, self.worker_ids)
+        entries: dict[str, WorkerEntry] = dict(adopted)
+        resp: Any = None
+        if rest:
+            data, resp = self._wire_call(
+                self.http, "/reset", {"worker_ids": rest}, timeout=self.timeouts["reset"]
+            )
+            entries.update(parse_step_response(data, rest))
         self._started = True
         total = (time.perf_counter() - t0) * 1000
         for wid in self.worker_ids:
             st = self._state[wid]
-            st.timing = StepTiming(total_ms=total, server_ms=_server_ms(resp))
-            st.finished = False
-            st.pending = False
+            st.timing = StepTiming(total_ms=total, server_ms=None if resp is None else _server_ms(resp))
             self._apply_entry(wid, entries[wid], first=True)
         # Workers usually finish their first reset together: give the others a moment.
         self._settle(block=True, grace=self.reset_grace)
@@ -601,7 +666,10 @@ class EvalClient:
         if block and not any(self._actionable(w) for w in self.worker_ids):
             time.sleep(self._poll_initial)
         while True:
-            self._poll_once(pending)
+            try:
+                self._poll_once(pending)
+            except GenmanipError as exc:
+                self._recover_poll(exc, pending)
             pending = [w for w in self.worker_ids if self._state[w].pending]
             self._poll_delay = min(self._poll_max, self._poll_delay * 1.5) if pending else self._poll_initial
             self._next_poll = time.monotonic() + self._poll_delay
@@ -675,9 +743,16 @@ class EvalClient:
             ``entries`` as in :meth:`reset` for every worker (``executed_steps`` = actions the
             server executed for that worker in this call), and ``done`` = every worker finished.
 
+        A failed request is recovered from (see the module docstring): the workers it was for
+        come back either with their next episode's first observation (the request ended the
+        episode: its result is in ``episode_result``) or restarted (``obs["reset"]`` True, the
+        interrupted episode discarded and re-queued by the server).
+
         Raises:
             ValidationError: an action does not fit the robot (nothing was sent).
-            StepError: the request failed; ``maybe_executed`` tells whether it may have run.
+            StepError: the request failed and could not be recovered from (more than
+                ``max_recoveries`` failures in a row, or the server unreachable);
+                ``maybe_executed`` tells whether it may have run.
         """
         self._check_open()
         if not self._started:
@@ -696,10 +771,13 @@ class EvalClient:
             st.lock_lost = False
             st.stopped_early = False
         if per_worker:
-            if norm.chunk:
-                self._step_chunks(per_worker, meta or {})
-            else:
-                self._step_single(per_worker, meta or {})
+            try:
+                if norm.chunk:
+                    self._step_chunks(per_worker, meta or {})
+                else:
+                    self._step_single(per_worker, meta or {})
+            except StepError as exc:
+                self._recover_step(exc, per_worker, meta or {}, chunked=norm.chunk)
         self._settle(block=not any(self._actionable(w) for w in self.worker_ids))
         return self.entries(), self.done
 
@@ -806,7 +884,11 @@ class EvalClient:
                 chunk_size=len(per_worker[wid]),
             )
         if errors:
-            raise next(iter(errors.values()))
+            first = next(iter(errors.values()))
+            if isinstance(first, StepError):
+                first.workers = list(errors)
+                first.transient = all(isinstance(e, StepError) and e.transient for e in errors.values())
+            raise first
 
     def _finish_worker_step(
         self,
@@ -821,11 +903,24 @@ class EvalClient:
     ) -> None:
         st = self._state[wid]
         st.timing = timing
+        st.failures = 0
+        self._record_executed(wid, executed, meta.get(wid) or {}, chunked=chunked, chunk_size=chunk_size)
+        self._apply_entry(wid, entry, first=False)
+
+    def _record_executed(
+        self,
+        wid: str,
+        executed: list[dict[str, Any]],
+        m: Mapping[str, Any],
+        *,
+        chunked: bool,
+        chunk_size: int | None = None,
+    ) -> None:
+        st = self._state[wid]
         st.executed_steps = len(executed)
         counts = self.stats["executed_steps"]
         counts[wid] = counts.get(wid, 0) + len(executed)
         if self._listener is not None and executed:
-            m = meta.get(wid) or {}
             base_ts = _timestep(st.obs)
             obs_ts = list(m.get("obs_timesteps") or [base_ts] * len(executed))[: len(executed)]
             if chunked and not m.get("chunk"):
@@ -834,9 +929,8 @@ class EvalClient:
             else:
                 chunk = list(m.get("chunk") or [None] * len(executed))[: len(executed)]
             self._listener.executed(
-                wid, executed, obs_timesteps=obs_ts, chunk=chunk, latency=timing.as_row()
+                wid, executed, obs_timesteps=obs_ts, chunk=chunk, latency=st.timing.as_row()
             )
-        self._apply_entry(wid, entry, first=False)
 
     def _apply_entry(self, wid: str, entry: WorkerEntry, *, first: bool) -> None:
         """Fold one server entry into the worker's state (and tell the listener)."""
@@ -854,14 +948,33 @@ class EvalClient:
             self._emit("lock_lost", {"worker_id": wid, "episode_id": eid})
             if listener is not None and st.in_episode:
                 listener.episode_end(wid, None, lock_lost=True)
-            st.in_episode = False
+            st.in_episode = st.awaiting = False
+            st.unconfirmed = None
         if entry.reset_pending:
             st.pending = True
             st.obs = None
+            if not first and st.in_episode and not st.awaiting and st.unconfirmed is None:
+                # The request just reported ended the episode on the server: everything of it is
+                # recorded except its result, which the next /reset_result brings.
+                st.awaiting = True
+                self._notify("episode_ended", wid)
             return
         was_pending = st.pending
         st.pending = False
         er = entry.episode_result
+        if st.unconfirmed is not None:
+            acts, m, chunked = st.unconfirmed
+            st.unconfirmed = None
+            if st.in_episode and er is not None and er.episode_id == st.episode_id and not entry.lock_lost:
+                # The failed request ended this episode, so it did run: record it now.
+                if chunked:
+                    self._abort_recording(
+                        wid,
+                        f"the server finished this episode (score {er.score:g}), but the reply to its "
+                        "last /step_chunk was lost: how many of that chunk's actions ran is unknown",
+                    )
+                else:
+                    self._record_executed(wid, acts, m, chunked=False)
         if er is not None:
             st.episode_result = er.to_dict()
             self.episode_results.append(er)
@@ -871,10 +984,16 @@ class EvalClient:
         new_episode = obs is not None and (
             first or was_pending or er is not None or entry.lock_lost or bool(_get(obs, "reset"))
         )
-        if listener is not None and st.in_episode and (obs is None or new_episode):
+        if st.in_episode and (obs is None or new_episode):
             # The recorded episode ended: with its result, or without one (re-queued, aborted).
-            listener.episode_end(wid, er, lock_lost=False)
-            st.in_episode = False
+            if listener is not None:
+                listener.episode_end(wid, er, lock_lost=False)
+            st.in_episode = st.awaiting = False
+        elif er is not None:
+            # A result for an episode this client did not record to the end: a previous client's
+            # (collected on resume) or one whose recording was aborted.
+            self.stats["adopted"] += 1
+            self._notify("adopt_result", wid, er)
         if obs is not None:
             # Make the flag reliable for the policy: True exactly on an episode's first obs.
             obs["reset"] = bool(new_episode)
@@ -887,13 +1006,174 @@ class EvalClient:
                     log.warning("worker %s: unknown robot_id %r (validation needs robot=)", wid, rid)
             if listener is not None:
                 listener.observation(wid, obs)
-                st.in_episode = True
+            st.in_episode = True
         st.obs = obs
         if obs is None and not st.finished:
             st.finished = True
             self._emit("worker_finished", {"worker_id": wid, "metric": st.metric})
             if listener is not None:
                 listener.worker_finished(wid, st.metric)
+
+    def _notify(self, name: str, *args: Any) -> None:
+        """Call the listener's optional method ``name`` (see :class:`StepListener`) if it has one."""
+        fn = getattr(self._listener, name, None)
+        if fn is not None:
+            fn(*args)
+
+    def _abort_recording(self, wid: str, reason: str) -> None:
+        st = self._state[wid]
+        if st.in_episode and self._listener is not None:
+            fn = getattr(self._listener, "episode_aborted", None)
+            if fn is not None:
+                fn(wid, reason)
+            else:
+                self._listener.episode_end(wid, None, lock_lost=False)
+        st.in_episode = st.awaiting = False
+        st.unconfirmed = None
+
+    # ------------------------------------------------------------------ recovery
+
+    def _can_recover(self, wids: Iterable[str]) -> bool:
+        return self.max_recoveries > 0 and all(
+            self._state[w].failures < self.max_recoveries for w in wids
+        )
+
+    def _probe(self, wid: str) -> WorkerEntry | None:
+        """``/reset_result`` for one worker: its entry if a reset is under way or finished (a
+        finished one is consumed and returned), None if it has nothing pending (it is mid-episode,
+        unknown to the server, or the server has no job). Transient failures are retried."""
+
+        def call() -> Any:
+            return self._wire_call(
+                self.http, "/reset_result", {"worker_ids": [wid]}, timeout=self.timeouts["reset_result"]
+            )[0]
+
+        def transient(exc: BaseException) -> bool:
+            if isinstance(exc, HTTPStatusError):
+                return exc.status in (502, 503, 504) or (
+                    exc.status == 500 and "no pending reset result" not in (exc.detail or "")
+                )
+            return isinstance(exc, TransportError)
+
+        try:
+            data = retry_call(
+                call,
+                retry_on=transient,
+                backoff=Backoff(initial=0.2, factor=2.0, max_delay=2.0, jitter=0.2, deadline=10.0),
+            )
+        except HTTPStatusError as exc:
+            if exc.status == 500:
+                # "worker <id> has no pending reset result", an unknown worker, no job: the same
+                # answer for us — there is nothing to collect.
+                log.debug("worker %s: nothing pending (%s)", wid, exc.detail or exc)
+                return None
+            raise
+        return parse_step_response(data, [wid])[wid]
+
+    def _restart(self, wid: str, reason: str) -> None:
+        """Discard the worker's episode: ``/kill`` (the server re-queues the seed), ``/reset``."""
+        st = self._state[wid]
+        eid = st.episode_id
+        self._abort_recording(wid, reason)
+        self.kill([wid])
+
+        def call() -> Any:
+            return self._wire_call(self.http, "/reset", {"worker_ids": [wid]}, timeout=self.timeouts["reset"])[0]
+
+        # /reset is safe to repeat: on a worker with a reset under way it returns that one.
+        data = retry_call(
+            call,
+            retry_on=lambda e: isinstance(e, TransportError)
+            and not (isinstance(e, HTTPStatusError) and e.status < 500),
+            backoff=Backoff(initial=0.2, factor=2.0, max_delay=2.0, jitter=0.2, deadline=30.0),
+        )
+        entry = parse_step_response(data, [wid])[wid]
+        st.pending = st.finished = False
+        st.executed_steps = 0
+        self._apply_entry(wid, entry, first=True)
+        self.stats["restarts"] += 1
+        log.warning("worker %s: episode %s restarted: %s", wid, eid, reason)
+        self._emit("episode_restarted", {"worker_id": wid, "episode_id": eid, "reason": reason})
+
+    def _count_failure(self, exc: GenmanipError, wids: list[str]) -> None:
+        self.stats["recoveries"] += 1
+        for w in wids:
+            self._state[w].failures += 1
+        worst = max(self._state[w].failures for w in wids)
+        log.warning("%s; recovering (failure %d of at most %d in a row)", exc, worst, self.max_recoveries)
+
+    def _recover_step(
+        self,
+        exc: StepError,
+        per_worker: Mapping[str, list[dict[str, Any]]],
+        meta: Mapping[str, Mapping[str, Any]],
+        *,
+        chunked: bool,
+    ) -> None:
+        failed = [w for w in exc.workers if w in per_worker]
+        if not exc.transient or not failed or not self._can_recover(failed):
+            raise exc
+        self._count_failure(exc, failed)
+        if not exc.sent:
+            # Nothing reached the server: the workers are as they were. Wait until it answers.
+            self._await_server(exc)
+            return
+        short = str(exc).split(";")[0]
+        for wid in failed:
+            try:
+                entry = self._probe(wid)
+            except GenmanipError as perr:
+                raise exc from perr
+            if entry is None:
+                # Still mid-episode: the action(s) ran or not — unknowable, so start over.
+                try:
+                    self._restart(wid, f"{short}; the action(s) may have run, so the episode was discarded")
+                except GenmanipError as rerr:
+                    raise exc from rerr
+            else:
+                # The worker is resetting: the failed request ended its episode.
+                self._state[wid].unconfirmed = (list(per_worker[wid]), meta.get(wid) or {}, chunked)
+                self._apply_entry(wid, entry, first=False)
+
+    def _recover_poll(self, exc: GenmanipError, ids: list[str]) -> None:
+        if not self._can_recover(ids) or isinstance(exc, (ValidationError, ResponseError, DecodeError)):
+            raise exc
+        self._count_failure(exc, ids)
+        for wid in ids:
+            try:
+                entry = self._probe(wid)
+            except GenmanipError as perr:
+                raise exc from perr
+            if entry is None:
+                # The lost reply consumed the finished reset: the previous episode's result and
+                # the next episode's first observation are gone, and the worker is already
+                # stepping an episode we never saw.
+                self._abort_recording(
+                    wid,
+                    "the server finished this episode, but the reply carrying its result was lost "
+                    f"({str(exc).split(';')[0]})",
+                )
+                try:
+                    self._restart(wid, "its first observation was lost with that reply")
+                except GenmanipError as rerr:
+                    raise exc from rerr
+            else:
+                self._apply_entry(wid, entry, first=False)
+
+    def _await_server(self, exc: GenmanipError) -> None:
+        def docs() -> Any:
+            return self.http.request(
+                "GET", "/docs", timeout=self.timeouts["docs"], route_name="/docs", idempotent=True
+            )
+
+        try:
+            retry_call(
+                docs,
+                retry_on=lambda e: isinstance(e, TransportError),
+                backoff=Backoff(initial=0.5, factor=2.0, max_delay=5.0, jitter=0.2, deadline=60.0),
+            )
+        except GenmanipError as derr:
+            raise exc from derr
 
     def _emit(self, name: str, payload: dict[str, Any]) -> None:
         if self._on_event is not None:
@@ -948,6 +1228,9 @@ class EvalClient:
     def close(self) -> None:
         """Release the workers (``/kill`` unless all finished) and the connections. Idempotent.
 
+        A worker whose episode ended but whose result has not arrived yet is not killed (a kill
+        would discard the result, and the server will not run that seed again): the next client
+        on that worker id collects it (``adopt_on_start``), e.g. ``gmp eval --run-id`` again.
         Never raises because of the kill: a failure there is logged, so it cannot mask the
         error that made the caller close the client.
         """
@@ -956,10 +1239,18 @@ class EvalClient:
         self._closed = True
         try:
             if self.kill_on_close and self._started and not self.done:
+                kept = [w for w, st in self._state.items() if st.pending and st.awaiting]
+                doomed = [w for w, st in self._state.items() if not st.finished and w not in kept]
+                if kept:
+                    log.info(
+                        "worker(s) %s left resetting: the result of the episode each just finished "
+                        "is collected by the next client on the same worker id(s)", ", ".join(kept)
+                    )
                 try:
-                    self.kill()
+                    if doomed:
+                        self.kill(doomed)
                 except GenmanipError as exc:
-                    log.warning("close(): /kill of workers %s failed: %s", ",".join(self.worker_ids), exc)
+                    log.warning("close(): /kill of workers %s failed: %s", ",".join(doomed), exc)
             if self._owns_listener and self._listener is not None:
                 from datetime import datetime, timezone
 
@@ -1025,6 +1316,13 @@ def _meta_policy(meta: Mapping[str, Mapping[str, Any]], wid: str) -> float | Non
     return None if v is None else float(v)
 
 
+#: A 500 naming one of these was raised by the request's content (a wrong action shape, an unknown
+#: worker, ...): sending it again would fail again, so it is not recovered from.
+_REQUEST_FAULT = re.compile(
+    r"\b(ValueError|TypeError|KeyError|IndexError|AttributeError|AssertionError|NotImplementedError)\b"
+)
+
+
 def _step_error(exc: GenmanipError, route: str, workers: list[str], timeout: float) -> StepError:
     who = ", ".join(workers)
     if isinstance(exc, RequestTimeout):
@@ -1036,6 +1334,7 @@ def _step_error(exc: GenmanipError, route: str, workers: list[str], timeout: flo
             workers=workers,
             sent=True,
             maybe_executed=True,
+            transient=True,
         )
     if isinstance(exc, ConnectError):
         return StepError(
@@ -1044,6 +1343,7 @@ def _step_error(exc: GenmanipError, route: str, workers: list[str], timeout: flo
             workers=workers,
             sent=False,
             maybe_executed=False,
+            transient=True,
         )
     if isinstance(exc, HTTPStatusError):
         # 4xx: the server rejected the request before acting on it. 5xx: a worker may have stepped.
@@ -1057,6 +1357,8 @@ def _step_error(exc: GenmanipError, route: str, workers: list[str], timeout: flo
             maybe_executed=maybe,
             status=exc.status,
             detail=exc.detail,
+            transient=exc.status in (502, 503, 504)
+            or (exc.status == 500 and not _REQUEST_FAULT.search(exc.detail or "")),
         )
     if isinstance(exc, TransportError):
         return StepError(
@@ -1066,6 +1368,7 @@ def _step_error(exc: GenmanipError, route: str, workers: list[str], timeout: flo
             workers=workers,
             sent=exc.sent,
             maybe_executed=exc.maybe_executed,
+            transient=True,
         )
     if isinstance(exc, (DecodeError, ResponseError)):
         return StepError(

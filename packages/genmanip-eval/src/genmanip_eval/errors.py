@@ -39,6 +39,10 @@ class StepError(GenmanipEvalError):
         maybe_executed: the server may have applied the action(s); do not resend blindly.
         status: the HTTP status when the server answered, else None.
         detail: the server's ``detail`` text (may be empty).
+        transient: the failure says nothing against the request itself (a timeout, a lost
+            connection, 502/503/504, a 500 that is not an exception raised by the request's
+            content): :class:`~genmanip_eval.EvalClient` recovers from it. A rejected request or a
+            malformed reply is not transient.
     """
 
     exit_code = ExitCode.REMOTE_ERROR
@@ -54,6 +58,7 @@ class StepError(GenmanipEvalError):
         status: int | None = None,
         detail: str = "",
         hint: str | None = None,
+        transient: bool = False,
     ) -> None:
         super().__init__(message, hint=hint)
         self.route = route
@@ -62,6 +67,7 @@ class StepError(GenmanipEvalError):
         self.maybe_executed = maybe_executed
         self.status = status
         self.detail = detail
+        self.transient = transient
 
 
 class StepTimeout(StepError):

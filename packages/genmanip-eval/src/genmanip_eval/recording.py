@@ -61,6 +61,19 @@ _PENDING_GLOB = ".pending_result.*.json"
 def _pending_name(pid: int) -> str:
     # The owner's pid is in the name: claiming an abandoned file is one atomic rename.
     return f".pending_result.{pid}.json"
+
+
+#: Written when the server ends an episode (its last step recorded, the result not yet here):
+#: everything but the result is on disk. A client resuming on the same worker collects the result
+#: from the server (``EvalClient(adopt_on_start=True)``) and finishes the episode from this file.
+_AWAITING_GLOB = ".awaiting_result.*.json"
+
+
+def _awaiting_name(pid: int) -> str:
+    return f".awaiting_result.{pid}.json"
+
+
+_MARKER_GLOBS = (_PENDING_GLOB, _AWAITING_GLOB)
 _RECORDING_FILES = ("steps.jsonl", "result.json", "INCOMPLETE")
 
 
@@ -114,6 +127,15 @@ class _Episode:
     states: dict[int, Any] = field(default_factory=dict)
     state_used: set[int] = field(default_factory=set)
     last_ts: int | None = None
+    #: the server ended it; its result is awaited
+    awaiting: bool = False
+
+    def describe(self) -> dict[str, Any]:
+        """What a later recorder needs to finish this episode (pending/awaiting result files)."""
+        return {
+            k: getattr(self, k)
+            for k in ("episode_id", "task_name", "seed", "worker_id", "robot_id", "instruction", "started", "steps")
+        }
 
 
 def _owner_alive(pid: int | None, host: Any) -> bool:
@@ -231,6 +253,15 @@ class Recorder:
                 return
             except queue.Full:
                 continue
+
+    def _sync(self) -> None:
+        """Wait until the writer has handled everything queued so far."""
+        done = threading.Event()
+        self._put(("sync", done))
+        while not done.wait(0.2):
+            self.check()
+            if not self._writer.is_alive():
+                raise RecordingError("the recording writer thread stopped unexpectedly")
 
     def _episode_paths(self, episode_id: Any) -> tuple[Path, Path, str, str]:
         directory, run_dir, task, seed, _b, _r = self._split(episode_id)
@@ -370,6 +401,36 @@ class Recorder:
         else:
             self.finished.append((result.success, result.score))
             self._put(("finish", ep, result))
+            # The server hands a result out once: it is on disk before the client moves on.
+            self._sync()
+
+    def episode_ended(self, worker_id: str) -> None:
+        """The server ended the worker's episode; its result follows (``episode_end``)."""
+        ep = self._episodes.get(worker_id)
+        if ep is not None and not ep.awaiting:
+            ep.awaiting = True
+            self._put(("ended", ep))
+            # The client now waits for the server anyway (scoring, the next reset): let the writer
+            # catch up, so a kill from here on leaves the episode finishable.
+            self._sync()
+
+    def episode_aborted(self, worker_id: str, reason: str) -> None:
+        """The worker's episode will not be completed by this client: mark it ``INCOMPLETE``."""
+        ep = self._episodes.pop(worker_id, None)
+        if ep is not None:
+            self._put(("abort", ep, reason))
+
+    def adopt_result(self, worker_id: str, result: EpisodeResult) -> None:
+        """A result for an episode not recorded to the end by this recorder: a previous client's
+        (collected when resuming) or one whose recording was aborted. The episode is finished from
+        disk when everything but the result is there (``.awaiting_result`` left by the recorder
+        that ran it); otherwise its ``INCOMPLETE`` marker records the server's result."""
+        try:
+            self._split(result.episode_id)
+        except EpisodeIdError as exc:
+            log.warning("worker %s: %s", worker_id, exc)
+            return
+        self._put(("adopt", worker_id, result))
 
     def worker_finished(self, worker_id: str, metric: Any) -> None:
         """The worker has no task left; ``metric`` is the server's final metric dict."""
@@ -392,7 +453,10 @@ class Recorder:
         for wid, ep in list(self._episodes.items()):
             self._episodes.pop(wid, None)
             try:
-                self._put(("abort", ep, "the run ended before the episode finished"))
+                if ep.awaiting:
+                    self._put(("park", ep))
+                else:
+                    self._put(("abort", ep, "the run ended before the episode finished"))
             except RecordingError:
                 break
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -435,6 +499,9 @@ class Recorder:
             if kind == "stop":
                 self._tq.put(None)
                 return
+            if kind == "sync":
+                item[1].set()
+                continue
             if self._error is not None:
                 continue  # keep draining so producers never block; the loop raises at next put
             try:
@@ -491,8 +558,7 @@ class Recorder:
             merge_json(d.parent / "episode_result.json", drop, d.parent / "episode_result.lock")
         for name in _RECORDING_FILES:
             (d / name).unlink(missing_ok=True)
-        for pending in d.glob(_PENDING_GLOB):
-            pending.unlink(missing_ok=True)
+        _unlink_markers(d)
         for mp4 in d.glob("*.mp4"):
             mp4.unlink()
         shutil.rmtree(d / _FRAMES_DIR, ignore_errors=True)
@@ -550,9 +616,118 @@ class Recorder:
             fh.close()
         return list(st["frames"])
 
+    def _w_ended(self, ep: _Episode) -> None:
+        st = self._open.get(id(ep))
+        if st is None:
+            return
+        st["steps"].flush()
+        for fh in st["frames"].values():
+            fh.flush()
+        # After the flushes: once this file exists, every row and frame of the episode is on disk
+        # (in the OS: enough to survive the process being killed).
+        atomic_write_json(
+            ep.directory / _awaiting_name(os.getpid()),
+            {"episode": ep.describe(), "cameras": list(st["frames"]), "host": socket.gethostname()},
+            fsync=False,
+        )
+
+    def _w_park(self, ep: _Episode) -> None:
+        """Close an episode whose result is still awaited, keeping what finishing it needs."""
+        self._close_files(ep)
+        if ep.directory.is_dir():
+            atomic_write_json(
+                ep.directory / "INCOMPLETE",
+                {
+                    "episode_id": ep.episode_id, "worker_id": ep.worker_id, "started": ep.started,
+                    "reason": "the run stopped while the server was scoring this episode; the next "
+                    "run on the same worker id collects its result and finishes it",
+                },
+                fsync=False,
+            )
+
+    def _w_adopt(self, worker_id: str, result: EpisodeResult) -> None:
+        directory, run_dir, _task, _seed, bench, run_id = self._split(result.episode_id)
+        if not (self._run_ids.get(run_dir) or run_dir.is_dir()):
+            # Not a run recorded here (e.g. the previous client did not record): nothing to mark.
+            log.info("result of %s collected from the server: its run is not recorded here", result.episode_id)
+            return
+        self._safe_dir(directory)
+        self._run_ids.setdefault(run_dir, (bench, run_id))
+        if run_dir not in self._run_dirs:
+            self._run_dirs.add(run_dir)
+            self._merge_run_json(run_dir)
+        self.recover(run_dir)
+        with self._busy_cv:
+            while self._busy.get(directory, 0) > 0 and self._error is None:
+                self._busy_cv.wait(0.2)
+        if (directory / "result.json").exists():
+            return  # finished already (a resumed transcode)
+        for marker in sorted(directory.glob(_AWAITING_GLOB)):
+            try:
+                info = json.loads(marker.read_text())
+                pid = marker.name.split(".")[2]
+                e = info["episode"]
+                if str(e["episode_id"]) != result.episode_id:
+                    raise ValueError(f"it is for {e['episode_id']}")
+                if pid.isdigit() and int(pid) == os.getpid():
+                    raise ValueError("it belongs to this process")
+                if _owner_alive(int(pid) if pid.isdigit() else None, info.get("host")):
+                    raise ValueError("the recorder that wrote it is still running")
+                ep = _Episode(
+                    episode_id=str(e["episode_id"]), directory=directory, run_dir=run_dir,
+                    task_name=str(e["task_name"]), seed=str(e["seed"]), worker_id=str(e["worker_id"]),
+                    robot_id=e.get("robot_id"), instruction=e.get("instruction"),
+                    started=str(e["started"]), steps=int(e["steps"]),
+                )
+                cams = [str(c) for c in info["cameras"]]
+                if not all((directory / _FRAMES_DIR / f"{c}.jpegs").is_file() for c in cams):
+                    raise ValueError("its frame spool is missing")
+                _truncate_rows(directory / "steps.jsonl", ep.steps)
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                log.warning("cannot finish %s with the collected result from %s: %s", result.episode_id, marker.name, exc)
+                continue
+            log.info("finishing episode %s with its result collected from the server", result.episode_id)
+            finished = _now()
+            atomic_write_json(
+                directory / _pending_name(os.getpid()),
+                {
+                    "episode": ep.describe(),
+                    "result": {"score": result.score, "sr": result.sr},
+                    "cameras": cams,
+                    "finished": finished,
+                    "host": socket.gethostname(),
+                },
+            )
+            marker.unlink(missing_ok=True)
+            self.finished.append((result.success, result.score))
+            self._queue_transcode(ep, result, cams, finished)
+            return
+        # Not finishable (its last steps may not have been recorded): keep it INCOMPLETE, but say
+        # what the server made of it.
+        marker_path = directory / "INCOMPLETE"
+        try:
+            info = json.loads(marker_path.read_text())
+            if not isinstance(info, dict):
+                info = {}
+        except (OSError, ValueError):
+            # The client that ran it stopped before any of it reached the disk (its writer was
+            # behind: the queue is bounded, not empty).
+            info = {"episode_id": result.episode_id, "reason": "the client stopped before its recording began"}
+        info["server_result"] = {"score": result.score, "sr": result.sr}
+        info["server_note"] = (
+            "the server finished this episode after its recording stopped; its last steps may be "
+            "missing here, so it is not counted as recorded"
+        )
+        atomic_write_json(marker_path, info, fsync=False)
+        log.warning(
+            "episode %s: finished on the server (score %g) but not fully recorded here; kept INCOMPLETE",
+            result.episode_id, result.score,
+        )
+
     def _w_abort(self, ep: _Episode, reason: str) -> None:
         self._close_files(ep)
         shutil.rmtree(ep.directory / _FRAMES_DIR, ignore_errors=True)
+        _unlink_markers(ep.directory)
         if ep.directory.is_dir():
             atomic_write_json(
                 ep.directory / "INCOMPLETE",
@@ -568,11 +743,7 @@ class Recorder:
         atomic_write_json(
             ep.directory / _pending_name(os.getpid()),
             {
-                "episode": {
-                    k: getattr(ep, k)
-                    for k in ("episode_id", "task_name", "seed", "worker_id", "robot_id", "instruction",
-                              "started", "steps")
-                },
+                "episode": ep.describe(),
                 "result": {"score": result.score, "sr": result.sr},
                 "cameras": cams,
                 "finished": finished,
@@ -580,6 +751,8 @@ class Recorder:
                 "host": socket.gethostname(),
             },
         )
+        for marker in ep.directory.glob(_AWAITING_GLOB):
+            marker.unlink(missing_ok=True)
         self._queue_transcode(ep, result, cams, finished)
 
     def _queue_transcode(self, ep: _Episode, result: EpisodeResult, cams: list[str], finished: str) -> None:
@@ -723,8 +896,28 @@ class Recorder:
             },
         )
         (d / "INCOMPLETE").unlink(missing_ok=True)
-        for pending in d.glob(_PENDING_GLOB):
-            pending.unlink(missing_ok=True)
+        _unlink_markers(d)
         shutil.rmtree(d / _FRAMES_DIR, ignore_errors=True)
         if self.on_episode_complete is not None:
             self.on_episode_complete(d)
+
+
+def _unlink_markers(directory: Path) -> None:
+    for pattern in _MARKER_GLOBS:
+        for marker in directory.glob(pattern):
+            marker.unlink(missing_ok=True)
+
+
+def _truncate_rows(path: Path, n: int) -> None:
+    """Keep exactly the first ``n`` complete rows of ``steps.jsonl`` (a killed writer may have
+    left a torn line after them); raise ValueError if it has fewer."""
+    data = path.read_bytes()
+    end = 0
+    for _ in range(n):
+        nl = data.find(b"\n", end)
+        if nl < 0:
+            raise ValueError(f"{path.name} has fewer than {n} rows")
+        end = nl + 1
+    if end != len(data):
+        with open(path, "r+b") as fh:
+            fh.truncate(end)

@@ -66,6 +66,8 @@ class EvalConfig:
     results_dir: str | None = None
     live_every: int = 0
     max_episodes: int | None = None
+    #: consecutive failed requests per worker recovered from before giving up (0: stop at once)
+    max_recoveries: int = 3
     timeouts: dict[str, float] | None = None
     ca_file: str | None = None
     #: Plot each episode once it is recorded (the ``plot`` hook of genmanip-artifacts).
@@ -89,6 +91,7 @@ class EvalConfig:
             "policy": {"spec": self.policy, "args": dict(self.policy_args)},
             "robot": self.robot,
             "max_episodes": self.max_episodes,
+            "max_recoveries": self.max_recoveries,
             "plot_on_episode_end": self.plot_on_episode_end,
             "host": socket.gethostname(),
             "python": platform.python_version(),
@@ -107,6 +110,9 @@ class RunSummary:
     steps: int = 0
     elapsed_s: float = 0.0
     lock_lost: int = 0
+    #: failed requests recovered from, and episodes restarted because of one
+    recoveries: int = 0
+    restarts: int = 0
     codec: str | None = None
     complete: bool = False
 
@@ -227,6 +233,9 @@ def run_workers(
         elif name == "lock_lost":
             summary.lock_lost += 1
             say("lock_lost", payload)
+        elif name == "episode_restarted":
+            summary.restarts += 1
+            say("restart", payload)
 
     client = EvalClient(
         cfg.url,
@@ -242,6 +251,7 @@ def run_workers(
         on_event=on_event,
         listener=recorder,
         ca_file=cfg.ca_file,
+        max_recoveries=cfg.max_recoveries,
     )
     buffers: dict[str, deque[tuple[Any, int | None, int, int]]] = {w: deque() for w in wids}
     t_start = time.perf_counter()
@@ -320,6 +330,7 @@ def run_workers(
         ok = True
     finally:
         summary.elapsed_s = time.perf_counter() - t_start
+        summary.recoveries = int(client.stats.get("recoveries", 0))
         try:
             client.close()
         finally:
@@ -502,6 +513,8 @@ def run_eval(
         summary.episodes.extend(r["episodes"])
         summary.steps += r["steps"]
         summary.lock_lost += r["lock_lost"]
+        summary.recoveries += r.get("recoveries", 0)
+        summary.restarts += r.get("restarts", 0)
         summary.codec = summary.codec or r["codec"]
         for d in r["run_dirs"]:
             if d not in summary.run_dirs:

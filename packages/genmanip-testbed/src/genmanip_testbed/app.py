@@ -33,7 +33,7 @@ from genmanip_protocol.errors import DecodeError
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 
 __all__ = ["EVAL_ROUTES", "build_asgi_app"]
 
+log = logging.getLogger("genmanip_testbed.app")
 access_log = logging.getLogger("genmanip_testbed.access")
 
 
@@ -432,6 +433,11 @@ def _wrap(fn: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], A
             return await fn(request)
         except _HttpError as e:
             return _json_error(e.status, e.detail)
+        except ClientDisconnect:
+            # The client went away mid-request (killed, timed out): nobody reads a reply, and
+            # it is not a server error worth a traceback in the log.
+            log.info("%s %s: the client disconnected before its request was read", request.method, request.url.path)
+            return Response(status_code=499)
 
     endpoint.__name__ = getattr(fn, "__name__", "endpoint")
     return endpoint

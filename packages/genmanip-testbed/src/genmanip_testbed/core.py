@@ -20,6 +20,7 @@ import pickle
 import socket
 import threading
 import time
+import weakref
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
@@ -187,6 +188,7 @@ class EvalCore:
         # Recording JPEG-encodes frames off the request path; finalize waits for them in order.
         self._record_pool = ThreadPoolExecutor(2, thread_name_prefix="testbed-record")
         self._closed = False
+        self._cancels: weakref.WeakSet[threading.Event] = weakref.WeakSet()
         self._host = socket.gethostname()
 
     # ==================================================================================== job ====
@@ -457,6 +459,10 @@ class EvalCore:
         self, w: _Worker, previous: dict[str, Any] | None, key: _SEED_KEY | None
     ) -> None:
         w.cancel = threading.Event()
+        # Every reset's cancel event, not only the workers' current ones: close() must stop a
+        # reset whose worker was killed or replaced meanwhile, or the pool shutdown waits for it.
+        with self._job:
+            self._cancels.add(w.cancel)
         w.finished = False
         self.stats.add("resets_started")
         w.pending = self._reset_pool.submit(self._do_reset, w, previous, key, w.cancel)
@@ -506,6 +512,7 @@ class EvalCore:
             if w.dead or cancel.is_set():
                 raise RuntimeError(f"Worker {w.wid} reset cancelled")
             w.episode = ep
+            self.stats.new_attempt(episode_id)
             w.first_chunk = True
             w.started = _now_str()
             w.frames = {}
@@ -748,8 +755,7 @@ class EvalCore:
             ep.apply(action)
         except StepError as e:
             raise RemoteTaskError(e.cause, method, str(w.wid)) from e
-        self.stats.add("steps_by_worker", str(w.wid))
-        self.stats.add("steps_by_episode", ep.episode_id)
+        self.stats.step_applied(str(w.wid), ep.episode_id)
         if self.cfg.save_process:
             self._record_frames(w, ep.observation(render=True))
         if w.dead:
@@ -909,6 +915,8 @@ class EvalCore:
                 w.cancel.set()
                 if w.pending is not None:
                     w.pending.cancel()
+            for ev in self._cancels:
+                ev.set()
         self.wait_finalizes(timeout=60)
         self._reset_pool.shutdown(wait=True, cancel_futures=True)
         self._step_pool.shutdown(wait=True, cancel_futures=True)

@@ -16,6 +16,8 @@ key                meaning
 ``die_worker``     ``W@N``: worker W dies instead of executing its N-th action (a ``RayActorError``
                    500; the seed is re-queued); several as ``1@30|2@5``
 ``routes``         which eval routes are faulted (``step|step_chunk|reset|reset_result``, default)
+``max_faults``     at most N requests get an error or a reset, then every request passes (0: no
+                   limit); with a rate of 1 it faults exactly the next N requests to ``routes``
 ``seed``           makes every decision deterministic
 =================  ==========================================================================
 
@@ -54,6 +56,7 @@ class FaultSpec:
     die_worker: tuple[tuple[str, int], ...] = field(default=())
     routes: tuple[str, ...] = DEFAULT_FAULT_ROUTES
     seed: int = 0
+    max_faults: int = 0
 
     def __post_init__(self) -> None:
         for name in ("error_rate", "reset_before", "reset_after"):
@@ -62,6 +65,8 @@ class FaultSpec:
                 raise FaultSpecError(f"fault {name}: expected a probability in [0, 1], got {v}")
         if self.latency_s < 0:
             raise FaultSpecError(f"fault latency: expected >= 0, got {self.latency_s}")
+        if self.max_faults < 0:
+            raise FaultSpecError(f"fault max_faults: expected a count >= 0, got {self.max_faults}")
         if self.stall_reset < 0:
             raise FaultSpecError(
                 f"fault stall_reset: expected a count >= 0, got {self.stall_reset}"
@@ -149,6 +154,10 @@ def parse_fault_spec(text: str) -> FaultSpec:
                 raise FaultSpecError(
                     f"fault errors: expected codes like 500|503, got {val!r}"
                 ) from None
+        elif key == "max_faults":
+            if not val.isdigit():
+                raise FaultSpecError(f"fault max_faults: expected a count, got {val!r}")
+            kw["max_faults"] = int(val)
         elif key == "stall_reset":
             if not val.isdigit():
                 raise FaultSpecError(f"fault stall_reset: expected a count, got {val!r}")
@@ -174,7 +183,7 @@ def parse_fault_spec(text: str) -> FaultSpec:
         else:
             raise FaultSpecError(
                 f"fault spec: unknown key {key!r} (known: latency, error_rate, errors, reset_before, "
-                "reset_after, stall_reset, die_worker, routes, seed)"
+                "reset_after, stall_reset, die_worker, routes, max_faults, seed)"
             )
     return FaultSpec(**kw)
 
@@ -203,6 +212,7 @@ class FaultState:
         self._route_n: Counter[str] = Counter()
         self._stalls_left = self.spec.stall_reset
         self._deaths_done: set[tuple[str, int]] = set()
+        self._faulted = 0
 
     def set(self, spec: FaultSpec) -> None:
         with self._lock:
@@ -210,6 +220,7 @@ class FaultState:
             self._route_n.clear()
             self._stalls_left = spec.stall_reset
             self._deaths_done.clear()
+            self._faulted = 0
 
     def decide(self, route: str) -> Decision:
         """The decision for the next request to ``route`` (a route name without the slash)."""
@@ -219,19 +230,24 @@ class FaultState:
                 return Decision()
             n = self._route_n[route]
             self._route_n[route] += 1
-        err = None
-        if spec.error_rate and _uniform(spec.seed, route, n, "error") < spec.error_rate:
-            err = spec.errors[int(_uniform(spec.seed, route, n, "which") * len(spec.errors))]
-        return Decision(
-            latency_s=spec.latency_s,
-            error=err,
-            reset_before=err is None
-            and bool(spec.reset_before)
-            and _uniform(spec.seed, route, n, "rst_before") < spec.reset_before,
-            reset_after=err is None
-            and bool(spec.reset_after)
-            and _uniform(spec.seed, route, n, "rst_after") < spec.reset_after,
-        )
+            if spec.max_faults and self._faulted >= spec.max_faults:
+                return Decision(latency_s=spec.latency_s)
+            err = None
+            if spec.error_rate and _uniform(spec.seed, route, n, "error") < spec.error_rate:
+                err = spec.errors[int(_uniform(spec.seed, route, n, "which") * len(spec.errors))]
+            d = Decision(
+                latency_s=spec.latency_s,
+                error=err,
+                reset_before=err is None
+                and bool(spec.reset_before)
+                and _uniform(spec.seed, route, n, "rst_before") < spec.reset_before,
+                reset_after=err is None
+                and bool(spec.reset_after)
+                and _uniform(spec.seed, route, n, "rst_after") < spec.reset_after,
+            )
+            if d.error is not None or d.reset_before or d.reset_after:
+                self._faulted += 1
+            return d
 
     def take_stall(self) -> bool:
         """True for the next ``stall_reset`` background resets."""

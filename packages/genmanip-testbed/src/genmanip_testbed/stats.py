@@ -17,6 +17,10 @@ class Stats:
         statuses: responses per HTTP status code.
         steps_by_worker: actions applied to the world, per worker id (``str``).
         steps_by_episode: actions applied, per episode id; a replayed action would show up here.
+        steps_by_attempt: per episode id, the actions applied in each attempt (one list item per
+            reset that started the episode: a seed re-queued by ``/kill`` or a lost lock and
+            served again under the same id is a new attempt). The last item is the attempt the
+            server scored, so a client's ``steps.jsonl`` must have exactly that many rows.
         chunk_paths: ``"fast"``/``"slow"`` step_chunk executions.
         resets_started, resets_finished: background resets.
         resets_swallowed: finished resets consumed by the chunk fast path (the real server's quirk).
@@ -32,6 +36,7 @@ class Stats:
         self.statuses: Counter[int] = Counter()
         self.steps_by_worker: Counter[str] = Counter()
         self.steps_by_episode: Counter[str] = Counter()
+        self.steps_by_attempt: dict[str, list[int]] = {}
         self.chunk_paths: Counter[str] = Counter()
         self.faults: Counter[str] = Counter()
         self.resets_started = 0
@@ -49,6 +54,19 @@ class Stats:
             else:
                 getattr(self, name)[key] += n
 
+    def new_attempt(self, episode_id: str) -> None:
+        """An episode (re)started: its next actions count toward a new attempt."""
+        with self._lock:
+            self.steps_by_attempt.setdefault(episode_id, []).append(0)
+
+    def step_applied(self, worker_id: str, episode_id: str) -> None:
+        """One action applied to ``episode_id`` by ``worker_id``."""
+        with self._lock:
+            self.steps_by_worker[worker_id] += 1
+            self.steps_by_episode[episode_id] += 1
+            attempts = self.steps_by_attempt.setdefault(episode_id, [0])
+            attempts[-1] += 1
+
     @property
     def total_steps(self) -> int:
         """Actions applied to the world, all workers together."""
@@ -63,6 +81,7 @@ class Stats:
                 "statuses": {str(k): v for k, v in self.statuses.items()},
                 "steps_by_worker": dict(self.steps_by_worker),
                 "steps_by_episode": dict(self.steps_by_episode),
+                "steps_by_attempt": {k: list(v) for k, v in self.steps_by_attempt.items()},
                 "chunk_paths": dict(self.chunk_paths),
                 "faults": dict(self.faults),
                 "resets_started": self.resets_started,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from genmanip.cli.main import console_main
+from genmanip.cli import console_main
 
 if __name__ == "__main__":
     console_main()

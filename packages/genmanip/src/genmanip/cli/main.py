@@ -117,12 +117,15 @@ def _is_genmanip_error(exc: BaseException) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``gmp`` with ``argv`` (default ``sys.argv[1:]``); return the exit code."""
-    parser = build_parser()
     try:
+        parser = build_parser()
         args = parser.parse_args(list(argv) if argv is not None else None)
     except SystemExit as exc:  # --help, --version, usage errors
         code = exc.code
         return code if isinstance(code, int) else (0 if code is None else _USAGE)
+    except KeyboardInterrupt:
+        sys.stderr.write("\ngmp: interrupted\n")
+        return _INTERRUPTED
 
     verbose = int(getattr(args, "verbose", 0) or 0)
     quiet = bool(getattr(args, "quiet", False))
@@ -180,5 +183,7 @@ def _silence_stdout() -> None:
 
 
 def console_main() -> None:
-    """Script entry point (``gmp``): ``sys.exit(main())``."""
-    sys.exit(main())
+    """Script entry point: see :func:`genmanip.cli.console_main` (the one ``gmp`` uses)."""
+    from . import console_main as entry
+
+    entry()

@@ -1,0 +1,191 @@
+"""A failed request never counts an action twice and never loses a finished episode.
+
+Each test injects one fault at a chosen moment into a real testbed (``max_faults=1``) and checks
+the server's per-attempt step counts against what the client recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from genmanip_eval import EvalClient, StepError, ZeroPolicy
+from genmanip_testbed import serve_testbed
+
+NUM_STEPS = 6
+
+
+def _rows(d: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (d / "steps.jsonl").read_text().splitlines()]
+
+
+def _step_to(c: EvalClient, e: dict[str, Any], timestep: int) -> dict[str, Any]:
+    pol = ZeroPolicy()
+    while e["0"]["obs"]["timestep"] < timestep:
+        e, _ = c.step(pol.get_action(e["0"]["obs"]))
+    assert e["0"]["obs"]["timestep"] == timestep
+    return e
+
+
+def _finish(c: EvalClient, e: dict[str, Any]) -> None:
+    pol = ZeroPolicy()
+    while not c.done:
+        e, _ = c.step(pol.get_action(e["0"]["obs"]))
+
+
+def _assert_recorded(d: Path, steps: int) -> None:
+    rows = _rows(d)
+    assert [r["step"] for r in rows] == list(range(steps))
+    assert json.loads((d / "result.json").read_text())["steps"] == steps
+    assert not (d / "INCOMPLETE").exists()
+    assert not list(d.glob(".*_result.*.json"))
+    seeds = json.loads((d.parent / "episode_result.json").read_text())
+    assert d.name in seeds
+
+
+def test_lost_reply_to_the_ending_step_is_collected_not_replayed(tmp_path: Path) -> None:
+    res = tmp_path / "results"
+    with serve_testbed(tasks=("testbed/smoke",), num_steps=NUM_STEPS, results_root=tmp_path / "srv") as tb:
+        with EvalClient(tb.url, ["0"], record=True, results_dir=str(res)) as c:
+            e = _step_to(c, c.reset(), NUM_STEPS - 1)
+            eid = e["0"]["obs"]["episode_id"]
+            # The server runs the episode's last action, then the connection drops: no reply.
+            tb.set_faults({"reset_after": 1.0, "routes": ["step"], "max_faults": 1})
+            e, _ = c.step(ZeroPolicy().get_action(e["0"]["obs"]))
+            assert tb.stats.snapshot()["faults"].get("reset_after") == 1
+            assert c.stats["recoveries"] == 1 and c.stats["restarts"] == 0
+            assert [r.episode_id for r in c.episode_results] == [eid]
+            assert e["0"]["obs"]["reset"] is True and e["0"]["obs"]["episode_id"] != eid
+            _finish(c, e)
+        tb.wait_finalizes()
+        attempts = tb.stats.snapshot()["steps_by_attempt"]
+    assert attempts[eid] == [NUM_STEPS]
+    _assert_recorded(res / eid, NUM_STEPS)
+
+
+def test_uncertain_mid_episode_step_restarts_the_episode(tmp_path: Path) -> None:
+    res = tmp_path / "results"
+    events: list[tuple[str, dict[str, Any]]] = []
+    with serve_testbed(tasks=("testbed/smoke",), num_steps=NUM_STEPS, results_root=tmp_path / "srv") as tb:
+        with EvalClient(tb.url, ["0"], record=True, results_dir=str(res),
+                        on_event=lambda n, p: events.append((n, p))) as c:
+            e = _step_to(c, c.reset(), 2)
+            eid = e["0"]["obs"]["episode_id"]
+            tb.set_faults({"reset_after": 1.0, "routes": ["step"], "max_faults": 1})
+            e, _ = c.step(ZeroPolicy().get_action(e["0"]["obs"]))
+            # Ran or not is unknowable from here: the episode starts over (same seed, re-queued).
+            assert c.stats["restarts"] == 1
+            assert e["0"]["obs"]["reset"] is True and e["0"]["obs"]["timestep"] == 0
+            assert e["0"]["obs"]["episode_id"] == eid
+            _finish(c, e)
+        tb.wait_finalizes()
+        attempts = tb.stats.snapshot()["steps_by_attempt"]
+    assert attempts[eid] == [3, NUM_STEPS]
+    _assert_recorded(res / eid, NUM_STEPS)
+    restarted = [p for n, p in events if n == "episode_restarted"]
+    assert len(restarted) == 1 and restarted[0]["episode_id"] == eid
+    assert "may have run" in restarted[0]["reason"]
+
+
+def test_lost_result_reply_is_reported_and_the_run_completes(tmp_path: Path) -> None:
+    res = tmp_path / "results"
+    with serve_testbed(tasks=("testbed/smoke",), num_steps=NUM_STEPS, results_root=tmp_path / "srv") as tb:
+        # poll_initial: the first poll comes after the background reset finished, so the reply
+        # dropped below is the one carrying the result.
+        with EvalClient(tb.url, ["0"], record=True, results_dir=str(res), poll_initial=0.5) as c:
+            e = _step_to(c, c.reset(), NUM_STEPS - 1)
+            eid = e["0"]["obs"]["episode_id"]
+            tb.set_faults({"reset_after": 1.0, "routes": ["reset_result"], "max_faults": 1})
+            e, _ = c.step(ZeroPolicy().get_action(e["0"]["obs"]))
+            assert c.stats["restarts"] == 1
+            _finish(c, e)
+        tb.wait_finalizes()
+        snap = tb.stats.snapshot()
+    assert snap["episodes_finished"] == 2
+    d = res / eid
+    info = json.loads((d / "INCOMPLETE").read_text())
+    assert "reply carrying its result was lost" in info["reason"]
+    assert not (d / "result.json").exists() and not (d / ".frames").exists()
+    seeds = json.loads((d.parent / "episode_result.json").read_text())
+    assert d.name not in seeds and len(seeds) == 1
+
+
+def test_lost_reply_to_the_ending_chunk_keeps_the_server_result(tmp_path: Path) -> None:
+    res = tmp_path / "results"
+    with serve_testbed(tasks=("testbed/smoke",), num_steps=NUM_STEPS, results_root=tmp_path / "srv") as tb:
+        with EvalClient(tb.url, ["0"], record=True, results_dir=str(res)) as c:
+            e = _step_to(c, c.reset(), 3)
+            eid = e["0"]["obs"]["episode_id"]
+            tb.set_faults({"reset_after": 1.0, "routes": ["step_chunk"], "max_faults": 1})
+            e, _ = c.step([ZeroPolicy().get_action(e["0"]["obs"])] * 4)  # runs 3 of 4, ends
+            assert c.stats["recoveries"] == 1 and c.stats["restarts"] == 0
+            _finish(c, e)
+        tb.wait_finalizes()
+        attempts = tb.stats.snapshot()["steps_by_attempt"]
+    assert attempts[eid] == [NUM_STEPS]
+    info = json.loads((res / eid / "INCOMPLETE").read_text())
+    assert "how many of that chunk's actions ran is unknown" in info["reason"]
+    assert info["server_result"]["score"] == pytest.approx(0.0, abs=1.0)
+    assert "not counted as recorded" in info["server_note"]
+
+
+def test_gives_up_after_max_recoveries_in_a_row(tmp_path: Path) -> None:
+    with serve_testbed(tasks=("testbed/smoke",), num_steps=NUM_STEPS, results_root=tmp_path / "srv") as tb:
+        with EvalClient(tb.url, ["0"], max_recoveries=2) as c:
+            e = c.reset()
+            tb.set_faults({"error_rate": 1.0, "errors": "503", "routes": ["step"]})
+            with pytest.raises(StepError, match="HTTP 503") as info:
+                for _ in range(10):
+                    e, _ = c.step(ZeroPolicy().get_action(e["0"]["obs"]))
+            assert info.value.transient and c.stats["recoveries"] == 2 and c.stats["restarts"] == 2
+
+
+_DIE_AFTER_ENDING = """
+import sys
+from genmanip_eval import EvalClient, ZeroPolicy
+c = EvalClient(sys.argv[1], ["0"], record=True, results_dir=sys.argv[2])
+e = c.reset()
+while True:
+    e, _ = c.step(ZeroPolicy().get_action(e["0"]["obs"]))
+"""
+
+
+def test_resumed_client_collects_the_result_a_killed_one_was_waiting_for(tmp_path: Path) -> None:
+    res = tmp_path / "results"
+    # Slow background resets: the killed client is waiting for its result when it dies.
+    with serve_testbed(tasks=("testbed/smoke",), num_steps=NUM_STEPS, results_root=tmp_path / "srv",
+                       reset_delay=2.0) as tb:
+        proc = subprocess.Popen([sys.executable, "-c", _DIE_AFTER_ENDING, tb.url, str(res)],
+                                start_new_session=True)
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                done = [k for k, v in tb.stats.snapshot()["steps_by_attempt"].items() if v == [NUM_STEPS]]
+                if done:
+                    break
+                assert proc.poll() is None
+                time.sleep(0.05)
+            assert done, "the first episode never ended"
+            eid = done[0]
+            time.sleep(0.5)  # the episode's last row and its marker reach the disk
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        d = res / eid
+        assert (d / "INCOMPLETE").exists() and list(d.glob(".awaiting_result.*.json"))
+        with EvalClient(tb.url, ["0"], record=True, results_dir=str(res)) as c:
+            e = c.reset()
+            assert c.stats["adopted"] == 1 and [r.episode_id for r in c.episode_results] == [eid]
+            _finish(c, e)
+        tb.wait_finalizes()
+        snap = tb.stats.snapshot()
+    assert snap["steps_by_attempt"][eid] == [NUM_STEPS] and snap["kills"] == 0
+    _assert_recorded(d, NUM_STEPS)
+    assert len(json.loads((d.parent / "episode_result.json").read_text())) == 2
