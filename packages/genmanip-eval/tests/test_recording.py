@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import socket
 from pathlib import Path
 
 import numpy as np
@@ -270,3 +271,55 @@ def test_live_view_refuses_unsafe_worker_id(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["root"]
     assert not (tmp_path / "root" / "testbed" / "evil").exists()
     assert not list((tmp_path / "root").rglob("live.json"))
+
+
+def _dead_pid() -> int:
+    p = mp.get_context("spawn").Process(target=int)
+    p.start()
+    p.join()
+    assert p.pid is not None
+    return p.pid
+
+
+def test_recover_finishes_a_dead_recorders_episode_and_refuses_a_short_one(tmp_path: Path) -> None:
+    """A result saved by a recorder that then died: the next recorder finishes the episode when
+    every row it counted is on disk, else keeps it INCOMPLETE with the server's result."""
+    eid_ok, eid_short = EID, EID[:-1] + "1"
+    rec = Recorder(tmp_path)
+    for eid in (eid_ok, eid_short):
+        rec.observation("0", make_obs(0, reset=True, eid=eid))
+        for t in range(4):
+            rec.executed("0", [ACTION], obs_timesteps=[t], chunk=[None], latency=None)
+            rec.observation("0", make_obs(t + 1, eid=eid, value=t))
+        rec.episode_ended("0")  # rows and frames on disk, marker written
+        rec._episodes.pop("0")  # the process "dies" here: nothing more is written for it
+    rec.close()
+    dead = _dead_pid()
+    run_dir = tmp_path / "testbed" / "run1"
+    for eid in (eid_ok, eid_short):
+        d = tmp_path / eid
+        (d / "INCOMPLETE").write_text(json.dumps({"episode_id": eid, "reason": None}))
+        info = {
+            "episode": {"episode_id": eid, "task_name": "testbed/reach/red_easy", "seed": eid[-3:],
+                        "worker_id": "0", "robot_id": "manip/lift2/R5a", "instruction": "x",
+                        "started": "t", "steps": 4 if eid == eid_ok else 6},
+            "result": {"score": 1.0, "sr": 1.0}, "cameras": ["left_camera", "top_camera"],
+            "finished": "t", "host": socket.gethostname(),
+        }
+        (d / f".pending_result.{dead}.json").write_text(json.dumps(info))
+        for marker in d.glob(".awaiting_result.*.json"):
+            marker.unlink()
+    with open(tmp_path / eid_ok / "steps.jsonl", "ab") as fh:
+        fh.write(b'{"torn": ')  # a half-written row after the 4 counted ones
+    rec2 = Recorder(tmp_path)
+    assert rec2.recover(run_dir) == 1
+    rec2.close()
+    ok = tmp_path / eid_ok
+    assert json.loads((ok / "result.json").read_text())["steps"] == 4
+    assert len((ok / "steps.jsonl").read_text().splitlines()) == 4  # the torn row is gone
+    assert probe_video(ok / "left_camera.mp4")[0] == 5
+    short = tmp_path / eid_short
+    info = json.loads((short / "INCOMPLETE").read_text())
+    assert info["server_result"] == {"score": 1.0, "sr": 1.0} and not (short / "result.json").exists()
+    assert not list(short.glob(".pending_result.*"))
+    assert json.loads((ok.parent / "episode_result.json").read_text()) == {"000": {"score": 1.0, "sr": 1.0}}

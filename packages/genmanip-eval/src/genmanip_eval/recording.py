@@ -400,9 +400,9 @@ class Recorder:
             self._put(("abort", ep, f"result mismatch: server reported {result.episode_id}"))
         else:
             self.finished.append((result.success, result.score))
-            self._put(("finish", ep, result))
-            # The server hands a result out once: it is on disk before the client moves on.
-            self._sync()
+            finished = _now()
+            self._write_pending(ep, result, finished)
+            self._put(("finish", ep, result, finished))
 
     def episode_ended(self, worker_id: str) -> None:
         """The server ended the worker's episode; its result follows (``episode_end``)."""
@@ -702,8 +702,11 @@ class Recorder:
             self.finished.append((result.success, result.score))
             self._queue_transcode(ep, result, cams, finished)
             return
-        # Not finishable (its last steps may not have been recorded): keep it INCOMPLETE, but say
-        # what the server made of it.
+        self._mark_unfinishable(directory, result)
+
+    def _mark_unfinishable(self, directory: Path, result: EpisodeResult) -> None:
+        """Keep an episode the server scored but whose recording is not whole ``INCOMPLETE``, saying
+        what the server made of it."""
         marker_path = directory / "INCOMPLETE"
         try:
             info = json.loads(marker_path.read_text())
@@ -735,22 +738,36 @@ class Recorder:
                 fsync=False,
             )
 
-    def _w_finish(self, ep: _Episode, result: EpisodeResult) -> None:
+    def _write_pending(self, ep: _Episode, result: EpisodeResult, finished: str) -> None:
+        """Persist a just-received result at once, from the step loop's thread.
+
+        The server hands a result out once and will not run that seed again, so it must not wait
+        in the writer's queue: a kill would lose it. The episode's rows and frames are already on
+        disk (the writer caught up when the server ended the episode, see ``episode_ended``);
+        with this file, a recorder resuming the run finishes the episode (``recover``).
+        """
+        try:
+            self._safe_dir(ep.directory)
+            atomic_write_json(
+                ep.directory / _pending_name(os.getpid()),
+                {
+                    "episode": ep.describe(),
+                    "result": {"score": result.score, "sr": result.sr},
+                    "cameras": list(ep.cameras),
+                    "finished": finished,
+                    # recovery leaves episodes of live recorders (pid in the file name) alone
+                    "host": socket.gethostname(),
+                },
+                fsync=False,
+            )
+        except OSError as exc:
+            raise RecordingError(
+                f"recording failed: cannot save the result of {ep.episode_id}: {exc}",
+                hint="check free disk space (or run with --no-record)",
+            ) from exc
+
+    def _w_finish(self, ep: _Episode, result: EpisodeResult, finished: str) -> None:
         cams = self._close_files(ep)
-        finished = _now()
-        # The server will not serve this seed again: persist what the transcoder needs before
-        # queueing it, so a crash during transcoding cannot lose the episode.
-        atomic_write_json(
-            ep.directory / _pending_name(os.getpid()),
-            {
-                "episode": ep.describe(),
-                "result": {"score": result.score, "sr": result.sr},
-                "cameras": cams,
-                "finished": finished,
-                # recovery leaves episodes of live recorders (pid in the file name) alone
-                "host": socket.gethostname(),
-            },
-        )
         for marker in ep.directory.glob(_AWAITING_GLOB):
             marker.unlink(missing_ok=True)
         self._queue_transcode(ep, result, cams, finished)
@@ -785,6 +802,7 @@ class Recorder:
         found = 0
         for pending in sorted(run_dir.rglob(_PENDING_GLOB)):
             d = pending.parent
+            result: EpisodeResult | None = None
             try:
                 self._safe_dir(d)
                 info = json.loads(pending.read_text())
@@ -793,7 +811,8 @@ class Recorder:
                     continue
                 try:
                     # Claim it: of several recorders resuming this run, exactly one wins.
-                    os.rename(pending, d / _pending_name(os.getpid()))
+                    mine = d / _pending_name(os.getpid())
+                    os.rename(pending, mine)
                 except FileNotFoundError:
                     continue
                 e = info["episode"]
@@ -807,11 +826,16 @@ class Recorder:
                     episode_id=ep.episode_id, task_name=ep.task_name, seed=ep.seed,
                     score=float(info["result"]["score"]), sr=float(info["result"]["sr"]),
                 )
-                cams = [str(c) for c in info["cameras"]]
-                if not all((d / _FRAMES_DIR / f"{c}.jpegs").is_file() for c in cams):
+                # (a camera that never sent a frame has no spool file)
+                cams = [str(c) for c in info["cameras"] if (d / _FRAMES_DIR / f"{c}.jpegs").is_file()]
+                if info["cameras"] and not cams:
                     raise ValueError("frame spool missing")
+                _truncate_rows(d / "steps.jsonl", ep.steps)
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 log.warning("cannot finish the interrupted episode in %s: %s", d, exc)
+                if result is not None:
+                    mine.unlink(missing_ok=True)
+                    self._mark_unfinishable(d, result)
                 continue
             log.info("finishing episode %s, interrupted while transcoding", ep.episode_id)
             self._queue_transcode(ep, result, cams, str(info.get("finished") or _now()))
