@@ -189,3 +189,18 @@ def test_resumed_client_collects_the_result_a_killed_one_was_waiting_for(tmp_pat
     assert snap["steps_by_attempt"][eid] == [NUM_STEPS] and snap["kills"] == 0
     _assert_recorded(d, NUM_STEPS)
     assert len(json.loads((d.parent / "episode_result.json").read_text())) == 2
+
+
+def test_a_dead_worker_is_replaced_and_its_episode_rerun(tmp_path: Path) -> None:
+    res = tmp_path / "results"
+    with serve_testbed(tasks=("testbed/smoke",), num_steps=NUM_STEPS, results_root=tmp_path / "srv",
+                       faults="die_worker=0@3") as tb:
+        with EvalClient(tb.url, ["0"], record=True, results_dir=str(res)) as c:
+            e = c.reset()
+            eid = e["0"]["obs"]["episode_id"]
+            _finish(c, e)  # the 3rd action kills the worker: RayActorError, a 500 worth recovering
+            assert c.stats["restarts"] == 1 and c.stats["recoveries"] == 1
+        tb.wait_finalizes()
+        attempts = tb.stats.snapshot()["steps_by_attempt"]
+    assert attempts[eid] == [2, NUM_STEPS]
+    _assert_recorded(res / eid, NUM_STEPS)

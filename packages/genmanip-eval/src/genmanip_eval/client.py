@@ -1048,17 +1048,11 @@ class EvalClient:
                 self.http, "/reset_result", {"worker_ids": [wid]}, timeout=self.timeouts["reset_result"]
             )[0]
 
-        def transient(exc: BaseException) -> bool:
-            if isinstance(exc, HTTPStatusError):
-                return exc.status in (502, 503, 504) or (
-                    exc.status == 500 and "no pending reset result" not in (exc.detail or "")
-                )
-            return isinstance(exc, TransportError)
-
         try:
             data = retry_call(
                 call,
-                retry_on=transient,
+                # (the real "no pending" answer is a 500 naming ValueError: not transient)
+                retry_on=_transient,
                 backoff=Backoff(initial=0.2, factor=2.0, max_delay=2.0, jitter=0.2, deadline=10.0),
             )
         except HTTPStatusError as exc:
@@ -1136,7 +1130,7 @@ class EvalClient:
                 self._apply_entry(wid, entry, first=False)
 
     def _recover_poll(self, exc: GenmanipError, ids: list[str]) -> None:
-        if not self._can_recover(ids) or isinstance(exc, (ValidationError, ResponseError, DecodeError)):
+        if not _transient(exc) or not self._can_recover(ids):
             raise exc
         self._count_failure(exc, ids)
         for wid in ids:
@@ -1323,6 +1317,15 @@ _REQUEST_FAULT = re.compile(
 )
 
 
+def _transient(exc: BaseException) -> bool:
+    """Does the failure say nothing against the request itself (see ``StepError.transient``)?"""
+    if isinstance(exc, HTTPStatusError):
+        return exc.status in (502, 503, 504) or (
+            exc.status == 500 and not _REQUEST_FAULT.search(exc.detail or "")
+        )
+    return isinstance(exc, TransportError)
+
+
 def _step_error(exc: GenmanipError, route: str, workers: list[str], timeout: float) -> StepError:
     who = ", ".join(workers)
     if isinstance(exc, RequestTimeout):
@@ -1357,8 +1360,7 @@ def _step_error(exc: GenmanipError, route: str, workers: list[str], timeout: flo
             maybe_executed=maybe,
             status=exc.status,
             detail=exc.detail,
-            transient=exc.status in (502, 503, 504)
-            or (exc.status == 500 and not _REQUEST_FAULT.search(exc.detail or "")),
+            transient=_transient(exc),
         )
     if isinstance(exc, TransportError):
         return StepError(
