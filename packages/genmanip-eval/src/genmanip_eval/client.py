@@ -1064,11 +1064,15 @@ class EvalClient:
             raise
         return parse_step_response(data, [wid])[wid]
 
-    def _restart(self, wid: str, reason: str) -> None:
-        """Discard the worker's episode: ``/kill`` (the server re-queues the seed), ``/reset``."""
+    def _restart(self, wid: str, reason: str, *, detail: str = "") -> None:
+        """Discard the worker's episode: ``/kill`` (the server re-queues the seed), ``/reset``.
+
+        ``reason`` is short (the ``episode_restarted`` event, the log); ``detail`` (the failed
+        call) is added in the recording's ``INCOMPLETE`` marker.
+        """
         st = self._state[wid]
         eid = st.episode_id
-        self._abort_recording(wid, reason)
+        self._abort_recording(wid, f"restarted: {reason}" + (f" ({detail})" if detail else ""))
         self.kill([wid])
 
         def call() -> Any:
@@ -1086,7 +1090,7 @@ class EvalClient:
         st.executed_steps = 0
         self._apply_entry(wid, entry, first=True)
         self.stats["restarts"] += 1
-        log.warning("worker %s: episode %s restarted: %s", wid, eid, reason)
+        log.info("worker %s: episode %s restarted (%s)", wid, eid, reason)
         self._emit("episode_restarted", {"worker_id": wid, "episode_id": eid, "reason": reason})
 
     def _count_failure(self, exc: GenmanipError, wids: list[str]) -> None:
@@ -1121,7 +1125,7 @@ class EvalClient:
             if entry is None:
                 # Still mid-episode: the action(s) ran or not — unknowable, so start over.
                 try:
-                    self._restart(wid, f"{short}; the action(s) may have run, so the episode was discarded")
+                    self._restart(wid, "the failed request may have run", detail=short)
                 except GenmanipError as rerr:
                     raise exc from rerr
             else:
@@ -1148,7 +1152,7 @@ class EvalClient:
                     f"({str(exc).split(';')[0]})",
                 )
                 try:
-                    self._restart(wid, "its first observation was lost with that reply")
+                    self._restart(wid, "its first observation was lost with a reply", detail=str(exc).split(";")[0])
                 except GenmanipError as rerr:
                     raise exc from rerr
             else:

@@ -44,6 +44,12 @@ class HandlerNotInstalled(Exception):
         self.message = message
 
 
+def _lowercase_level(record: logging.LogRecord) -> bool:
+    # "gmp: warning: ...", like "gmp: error: ..." (and unlike logging's "WARNING").
+    record.level = record.levelname.lower()
+    return True
+
+
 def configure_logging(verbose: int, quiet: bool, stream: TextIO | None = None) -> None:
     """Configure the root logger once: stderr, WARNING by default, -v INFO, -vv DEBUG, -q ERROR."""
     if quiet:
@@ -60,7 +66,8 @@ def configure_logging(verbose: int, quiet: bool, stream: TextIO | None = None) -
             root.removeHandler(h)
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
     handler._gmp_handler = True  # type: ignore[attr-defined]
-    fmt = "%(levelname)s %(name)s: %(message)s" if verbose >= 2 else "gmp: %(levelname)s: %(message)s"
+    fmt = "%(levelname)s %(name)s: %(message)s" if verbose >= 2 else "gmp: %(level)s: %(message)s"
+    handler.addFilter(_lowercase_level)
     handler.setFormatter(logging.Formatter(fmt))
     root.addHandler(handler)
     root.setLevel(level)
