@@ -180,3 +180,31 @@ def test_stalled_reset_until_kill() -> None:
         assert entry["obs"]["episode_id"].endswith("/000")
         assert tb.stats.faults["stall_reset"] == 1
         raw.close()
+
+
+def test_shutdown_is_prompt_with_stalled_resets_nobody_killed() -> None:
+    """A client that died without /kill leaves resets stalled forever: closing the testbed must
+    still be quick (every reset ever started is cancelled, not only the workers' current ones)."""
+    with serve_testbed(tasks=("testbed/smoke",), faults="stall_reset=5", reset_delay=0.01) as tb:
+        raw = Raw(tb.url)
+        raw.pickle_post("/reset", {"worker_ids": ["0", "1"]})
+        time.sleep(0.3)
+        # A second /reset of a busy-looking worker and a /kill of another: stalled resets whose
+        # worker is gone or was replaced.
+        raw.json_post("/kill", {"data": {"worker_ids": ["1"]}})
+        raw.pickle_post("/reset", {"worker_ids": ["1"]})
+        time.sleep(0.3)
+        assert tb.stats.faults["stall_reset"] >= 2
+        raw.close()
+        t0 = time.monotonic()
+    assert time.monotonic() - t0 < 10.0
+
+
+def test_max_faults_faults_exactly_the_next_n_requests() -> None:
+    assert parse_fault_spec("error_rate=1,max_faults=2").max_faults == 2
+    with pytest.raises(FaultSpecError, match="fault max_faults"):
+        parse_fault_spec("max_faults=two")
+    state = FaultState(parse_fault_spec("error_rate=1,errors=503,max_faults=2,routes=step"))
+    decisions = [state.decide("step") for _ in range(5)]
+    assert [d.error for d in decisions] == [503, 503, None, None, None]
+    assert state.decide("reset").error is None  # not a faulted route: not counted either
