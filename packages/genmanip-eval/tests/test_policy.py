@@ -24,6 +24,36 @@ def test_zero_policy_fits_every_robot() -> None:
         assert len(action["action"]) == get_robot(rid).action_dim
 
 
+def test_zero_policy_ee_pose_holds_every_robot_still() -> None:
+    import numpy as np
+
+    for rid in ("manip/lift2/R5a", "manip/franka/panda_hand", "manip/franka/robotiq"):
+        spec = get_robot(rid)
+        grip = np.linspace(0.0, 0.01, spec.gripper_dim).astype(np.float32)
+        action = ZeroPolicy(control_type="ee_pose").get_action({"robot_id": rid, "state.gripper": grip})
+        validate_action(spec, action)
+        arms = action["action"] if spec.dual_arm else [action["action"]]
+        assert action["control_type"] == "ee_pose" and action["is_rel"] is True
+        assert [a[:2] for a in arms] == [[[0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]]] * spec.n_arms
+        assert sum((a[2] for a in arms), []) == pytest.approx(grip.tolist())  # grippers stay put
+    with pytest.raises(PolicyError, match="control_type"):
+        ZeroPolicy(control_type="torque")
+
+
+def test_zero_policy_ee_pose_runs_on_the_testbed(tmp_path: Path) -> None:
+    from genmanip_eval import EvalConfig, run_eval
+    from genmanip_testbed import serve_testbed
+
+    for robot in ("manip/franka/panda_hand", "manip/lift2/R5a"):
+        with serve_testbed(robot, tasks=("testbed/smoke",), num_steps=4, results_root=tmp_path / "srv") as tb:
+            cfg = EvalConfig(url=tb.url, policy="zero", policy_args={"control_type": "ee_pose"},
+                             record=False, max_episodes=1)
+            summary = run_eval(cfg)
+            assert summary.steps >= 4 and len(summary.episodes) == 1
+            # every action was accepted and applied (a rejected one would be a 500, not a step)
+            assert tb.stats.total_steps == summary.steps
+
+
 def test_parse_policy_args() -> None:
     assert parse_policy_args(["a=1", "ckpt=x=y", "empty="]) == {"a": "1", "ckpt": "x=y", "empty": ""}
     with pytest.raises(PolicyError, match="KEY=VALUE"):

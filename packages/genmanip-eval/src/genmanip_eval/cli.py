@@ -93,8 +93,13 @@ def run_eval(args: argparse.Namespace) -> int:
     robot = getattr(args, "robot", None)
     if robot is None and getattr(args, "arm_type", None):
         robot = resolve_robot(args.arm_type, getattr(args, "gripper_type", None)).robot_id
-    if getattr(args, "control_type", None):
-        console.warn("--control-type has no effect: the policy chooses each action's control_type")
+    policy_args = parse_policy_args(getattr(args, "policy_arg", None))
+    control_type = getattr(args, "control_type", None)
+    if control_type:
+        if (getattr(args, "policy", None) or "zero") == "zero":
+            policy_args.setdefault("control_type", control_type)
+        else:
+            console.warn("--control-type only applies to --policy zero: your policy chooses each action's control_type")
     chunk = getattr(args, "chunk_size", None)
     recoveries = getattr(args, "max_recoveries", None)
     cfg = EvalConfig(
@@ -104,7 +109,7 @@ def run_eval(args: argparse.Namespace) -> int:
         worker_ids=_worker_ids(getattr(args, "worker_ids", "0")),
         processes=max(1, int(getattr(args, "processes", 1) or 1)),
         policy=getattr(args, "policy", None) or "zero",
-        policy_args=parse_policy_args(getattr(args, "policy_arg", None)),
+        policy_args=policy_args,
         chunk_size=chunk if chunk and chunk > 1 else None,
         step_chunk=bool(getattr(args, "step_chunk", False)),
         render_mode=getattr(args, "render_mode", None),

@@ -25,6 +25,7 @@ from typing import Any
 
 from genmanip_protocol.errors import ExitCode
 from genmanip_protocol.robots import get_robot
+from genmanip_protocol.schema import CONTROL_TYPES
 
 from .actions import is_action_dict
 from .errors import PolicyError
@@ -39,25 +40,38 @@ __all__ = [
 
 
 class ZeroPolicy:
-    """Relative all-zero joint actions (``is_rel=True``): the robot holds still.
+    """Actions that hold the robot still: relative all-zero joint deltas (``is_rel=True``).
 
     This is what the reference client's ``gmp eval`` sent. The action length comes from the
-    observation's ``robot_id`` (or ``robot=``).
+    observation's ``robot_id`` (or ``robot=``). With ``control_type="ee_pose"`` each arm gets the
+    identity pose delta ``[[0, 0, 0], [1, 0, 0, 0], gripper]`` (relative; the gripper, always
+    absolute, is kept where ``state.gripper`` says it is).
     """
 
-    def __init__(self, robot: str | None = None) -> None:
+    def __init__(self, robot: str | None = None, control_type: str = "joint_position") -> None:
+        if control_type not in CONTROL_TYPES:
+            raise PolicyError(
+                f"policy 'zero': control_type must be one of {', '.join(CONTROL_TYPES)}, got {control_type!r}"
+            )
         self._robot = robot
+        self.control_type = control_type
 
     def reset(self) -> None:
         """Nothing to reset."""
 
     def get_action(self, obs: Mapping[str, Any]) -> dict[str, Any]:
         spec = get_robot(self._robot or obs.get("robot_id") or "")
-        action: dict[str, Any] = {
-            "control_type": "joint_position",
-            "action": [0.0] * spec.action_dim,
-            "is_rel": True,
-        }
+        action: dict[str, Any] = {"control_type": self.control_type, "is_rel": True}
+        if self.control_type == "joint_position":
+            action["action"] = [0.0] * spec.action_dim
+        else:
+            state = obs.get("state.gripper")
+            grip = [float(x) for x in state] if state is not None and len(state) == spec.gripper_dim else None
+            arms = []
+            for i in range(spec.n_arms):
+                g = grip[i * spec.gripper_dof : (i + 1) * spec.gripper_dof] if grip else list(spec.gripper_open)
+                arms.append([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0], g])
+            action["action"] = arms if spec.dual_arm else arms[0]
         if spec.has_base:
             action["base_motion"] = [0.0, 0.0, 0.0]
             action["base_is_rel"] = True
@@ -65,10 +79,10 @@ class ZeroPolicy:
 
 
 def _zero_factory(**kwargs: str) -> ZeroPolicy:
-    unknown = set(kwargs) - {"robot"}
+    unknown = set(kwargs) - {"robot", "control_type"}
     if unknown:
-        raise PolicyError(f"policy 'zero' takes only robot=..., got {sorted(unknown)}")
-    return ZeroPolicy(robot=kwargs.get("robot"))
+        raise PolicyError(f"policy 'zero' takes only robot=... and control_type=..., got {sorted(unknown)}")
+    return ZeroPolicy(robot=kwargs.get("robot"), control_type=kwargs.get("control_type", "joint_position"))
 
 
 def _expert_factory(**kwargs: str) -> Any:

@@ -49,7 +49,8 @@ def add_eval_flags(parser: argparse.ArgumentParser, *, connection: bool = True) 
              default=None, help="legacy robot selection: panda_hand, robotiq, piper, lift2")
     add_flag(robot, "-c", "--control-type", aliases=["--control_type"],
              choices=["joint_position", "ee_pose"], default=None,
-             help="action control type (default: the robot's)")
+             help="control type of --policy zero's no-op actions (default: joint_position); "
+                  "other policies choose their own")
 
     wire = parser.add_argument_group("wire")
     add_flag(wire, "--codec", choices=["auto", "msgpack", "legacy"], default="auto",
