@@ -35,7 +35,7 @@ def test_zero_policy_ee_pose_holds_every_robot_still() -> None:
         arms = action["action"] if spec.dual_arm else [action["action"]]
         assert action["control_type"] == "ee_pose" and action["is_rel"] is True
         assert [a[:2] for a in arms] == [[[0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]]] * spec.n_arms
-        assert sum((a[2] for a in arms), []) == pytest.approx(grip.tolist())  # grippers stay put
+        assert [g for a in arms for g in a[2]] == pytest.approx(grip.tolist())  # grippers stay put
     with pytest.raises(PolicyError, match="control_type"):
         ZeroPolicy(control_type="torque")
 

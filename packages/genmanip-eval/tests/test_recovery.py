@@ -157,29 +157,34 @@ while True:
 """
 
 
+def _kill_while_awaiting(tb: Any, res: Path) -> str:
+    """Run a recording client in a subprocess and SIGKILL it while it waits for its first
+    episode's result (the testbed's resets take 2 s); return that episode's id."""
+    proc = subprocess.Popen([sys.executable, "-c", _DIE_AFTER_ENDING, tb.url, str(res)],
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        done: list[str] = []
+        while time.monotonic() < deadline and not done:
+            done = [k for k, v in tb.stats.snapshot()["steps_by_attempt"].items() if v == [NUM_STEPS]]
+            assert proc.poll() is None
+            time.sleep(0.05)
+        assert done, "the first episode never ended"
+        time.sleep(0.5)  # the episode's last row and its marker reach the disk
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    d = res / done[0]
+    assert (d / "INCOMPLETE").exists() and list(d.glob(".awaiting_result.*.json"))
+    return done[0]
+
+
 def test_resumed_client_collects_the_result_a_killed_one_was_waiting_for(tmp_path: Path) -> None:
     res = tmp_path / "results"
     # Slow background resets: the killed client is waiting for its result when it dies.
     with serve_testbed(tasks=("testbed/smoke",), num_steps=NUM_STEPS, results_root=tmp_path / "srv",
                        reset_delay=2.0) as tb:
-        proc = subprocess.Popen([sys.executable, "-c", _DIE_AFTER_ENDING, tb.url, str(res)],
-                                start_new_session=True)
-        try:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                done = [k for k, v in tb.stats.snapshot()["steps_by_attempt"].items() if v == [NUM_STEPS]]
-                if done:
-                    break
-                assert proc.poll() is None
-                time.sleep(0.05)
-            assert done, "the first episode never ended"
-            eid = done[0]
-            time.sleep(0.5)  # the episode's last row and its marker reach the disk
-        finally:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        d = res / eid
-        assert (d / "INCOMPLETE").exists() and list(d.glob(".awaiting_result.*.json"))
+        eid = _kill_while_awaiting(tb, res)
         with EvalClient(tb.url, ["0"], record=True, results_dir=str(res)) as c:
             e = c.reset()
             assert c.stats["adopted"] == 1 and [r.episode_id for r in c.episode_results] == [eid]
@@ -187,20 +192,27 @@ def test_resumed_client_collects_the_result_a_killed_one_was_waiting_for(tmp_pat
         tb.wait_finalizes()
         snap = tb.stats.snapshot()
     assert snap["steps_by_attempt"][eid] == [NUM_STEPS] and snap["kills"] == 0
+    d = res / eid
     _assert_recorded(d, NUM_STEPS)
     assert len(json.loads((d.parent / "episode_result.json").read_text())) == 2
 
 
-def test_a_dead_worker_is_replaced_and_its_episode_rerun(tmp_path: Path) -> None:
+def test_a_result_gone_from_the_server_is_reported_not_waited_for(tmp_path: Path) -> None:
     res = tmp_path / "results"
     with serve_testbed(tasks=("testbed/smoke",), num_steps=NUM_STEPS, results_root=tmp_path / "srv",
-                       faults="die_worker=0@3") as tb:
+                       reset_delay=2.0) as tb:
+        eid = _kill_while_awaiting(tb, res)
+        # Another client takes the stored result (what a reply lost on its way amounts to).
+        with EvalClient(tb.url, ["0"], kill_on_close=False) as other:
+            other.reset()
+            assert [r.episode_id for r in other.episode_results] == [eid]
         with EvalClient(tb.url, ["0"], record=True, results_dir=str(res)) as c:
-            e = c.reset()
-            eid = e["0"]["obs"]["episode_id"]
-            _finish(c, e)  # the 3rd action kills the worker: RayActorError, a 500 worth recovering
-            assert c.stats["restarts"] == 1 and c.stats["recoveries"] == 1
+            _finish(c, c.reset())
+            assert c.stats["adopted"] == 0
         tb.wait_finalizes()
-        attempts = tb.stats.snapshot()["steps_by_attempt"]
-    assert attempts[eid] == [2, NUM_STEPS]
-    _assert_recorded(res / eid, NUM_STEPS)
+        assert tb.stats.snapshot()["episodes_finished"] == 2
+    d = res / eid
+    info = json.loads((d / "INCOMPLETE").read_text())
+    assert "reply carrying its result was lost" in info["reason"]
+    assert not list(d.glob(".awaiting_result.*")) and not (d / ".frames").exists()
+    assert d.name not in json.loads((d.parent / "episode_result.json").read_text())

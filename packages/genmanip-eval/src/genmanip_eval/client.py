@@ -143,6 +143,8 @@ class StepListener(Protocol):
       (e.g. restarted after a failed request); without it ``episode_end(wid, None, lock_lost=False)``.
     * ``adopt_result(worker_id, result)``: a result for an episode this client did not record
       (a previous client's, collected when resuming, or one whose recording was aborted).
+    * ``results_not_held(worker_ids)``: when resuming, the server held nothing for these workers:
+      an episode a previous client left waiting for its result on one of them will never get it.
     """
 
     def executed(
@@ -603,6 +605,8 @@ class EvalClient:
                         "collecting it instead of killing the worker", ", ".join(adopted)
                     )
             rest = [w for w in self.worker_ids if w not in adopted]
+            if self.adopt_on_start and rest:
+                self._notify("results_not_held", list(rest))
             if rest:
                 self.kill(rest)
         else:

@@ -214,6 +214,7 @@ class Recorder:
         self._run_dirs: set[Path] = set()
         self._run_ids: dict[Path, tuple[str, str]] = {}
         self._recovered: set[Path] = set()
+        self._orphan_workers: set[str] = set()
         # Episode directories with a transcode queued or running: a re-run of the same episode
         # waits for it, so files of two attempts never mix.
         self._busy: dict[Path, int] = {}
@@ -432,6 +433,12 @@ class Recorder:
             return
         self._put(("adopt", worker_id, result))
 
+    def results_not_held(self, worker_ids: list[str]) -> None:
+        """The server holds no result for these workers (a resumed client asked): an episode a
+        dead recorder left awaiting its result on one of them is marked lost, with the reason."""
+        self._orphan_workers.update(str(w) for w in worker_ids)
+        self._put(("orphans",))
+
     def worker_finished(self, worker_id: str, metric: Any) -> None:
         """The worker has no task left; ``metric`` is the server's final metric dict."""
         if isinstance(metric, Mapping):
@@ -615,6 +622,44 @@ class Recorder:
         for fh in st["frames"].values():
             fh.close()
         return list(st["frames"])
+
+    def _w_orphans(self) -> None:
+        for run_dir in sorted(self._recovered):
+            self._mark_orphans(run_dir)
+
+    def _mark_orphans(self, run_dir: Path) -> None:
+        """Episodes of ``run_dir`` a dead recorder left awaiting a result that the server no longer
+        holds for their worker (see :meth:`results_not_held`): keep them INCOMPLETE, say why."""
+        if not self._orphan_workers:
+            return
+        for marker in sorted(run_dir.rglob(_AWAITING_GLOB)):
+            try:
+                info = json.loads(marker.read_text())
+                pid = marker.name.split(".")[2]
+                if str(info["episode"]["worker_id"]) not in self._orphan_workers:
+                    continue
+                if (pid.isdigit() and int(pid) == os.getpid()) or _owner_alive(
+                    int(pid) if pid.isdigit() else None, info.get("host")
+                ):
+                    continue
+                eid = str(info["episode"]["episode_id"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            d = marker.parent
+            shutil.rmtree(d / _FRAMES_DIR, ignore_errors=True)
+            marker.unlink(missing_ok=True)
+            atomic_write_json(
+                d / "INCOMPLETE",
+                {
+                    "episode_id": eid,
+                    "worker_id": info["episode"]["worker_id"],
+                    "started": info["episode"].get("started"),
+                    "reason": "the server finished this episode, but its result was gone when the run "
+                    "resumed: the reply carrying its result was lost (or the server restarted)",
+                },
+                fsync=False,
+            )
+            log.warning("episode %s: its result was lost on the way; kept INCOMPLETE", eid)
 
     def _w_ended(self, ep: _Episode) -> None:
         st = self._open.get(id(ep))
@@ -840,6 +885,7 @@ class Recorder:
             log.info("finishing episode %s, interrupted while transcoding", ep.episode_id)
             self._queue_transcode(ep, result, cams, str(info.get("finished") or _now()))
             found += 1
+        self._mark_orphans(run_dir)
         return found
 
     def _w_live(self, run_dir: Path, worker_id: str, frames: dict[str, Any], info: dict[str, Any]) -> None:
