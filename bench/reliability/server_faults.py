@@ -36,7 +36,7 @@ RESUME_FAULT = "error_rate=0.006,errors=500|503|504,reset_before=0.002,reset_aft
 
 def run_one(seed: int, *, tasks: str = "testbed/reach/easy", workers: int = 4, processes: int = 2,
             fault: str = DEFAULT_FAULT, timeout: float = 900.0, extra: tuple[str, ...] = (),
-            max_attempts: int = 1, max_recoveries: int = 3) -> dict[str, Any]:
+            max_attempts: int = 1, max_recoveries: int = 5) -> dict[str, Any]:
     """One job; with ``max_attempts`` > 1, ``gmp eval --run-id`` is re-run after each stop (what a
     user does) until the job completes."""
     from genmanip_testbed import serve_testbed
@@ -128,8 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-attempts", type=int, default=60)
     a = ap.parse_args(argv)
     bad = 0
-    modes = (("recovering in the run (--max-recoveries 3, the default)", a.fault, 1, 3),
-             ("recovering in the run (--max-recoveries 3, the default)", a.low_fault, 1, 3),
+    modes = (("recovering in the run (--max-recoveries 5, the default)", a.fault, 1, 5),
+             ("recovering in the run (--max-recoveries 5, the default)", a.low_fault, 1, 5),
              ("stop at each failure (--max-recoveries 0), re-run with --run-id until complete",
               a.resume_fault, a.max_attempts, 0))
     for label, fault, attempts, recoveries in modes:

@@ -121,7 +121,7 @@ def run_eval(args: argparse.Namespace) -> int:
         results_dir=getattr(args, "results_dir", None),
         live_every=int(getattr(args, "live_every", 0) or 0),
         max_episodes=getattr(args, "max_episodes", None),
-        max_recoveries=3 if recoveries is None else max(0, int(recoveries)),
+        max_recoveries=5 if recoveries is None else max(0, int(recoveries)),
         plot_on_episode_end=bool(getattr(args, "plot_on_episode_end", False)),
         ca_file=getattr(args, "ca_cert", None),
     )

@@ -269,7 +269,7 @@ class EvalClient:
         render_suffix: int | None = None,
         kill_on_start: bool = True,
         adopt_on_start: bool = True,
-        max_recoveries: int = 3,
+        max_recoveries: int = 5,
         kill_on_close: bool = True,
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
         listener: StepListener | None = None,

@@ -67,7 +67,7 @@ class EvalConfig:
     live_every: int = 0
     max_episodes: int | None = None
     #: consecutive failed requests per worker recovered from before giving up (0: stop at once)
-    max_recoveries: int = 3
+    max_recoveries: int = 5
     timeouts: dict[str, float] | None = None
     ca_file: str | None = None
     #: Plot each episode once it is recorded (the ``plot`` hook of genmanip-artifacts).

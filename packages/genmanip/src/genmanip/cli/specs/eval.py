@@ -25,7 +25,7 @@ def add_eval_flags(parser: argparse.ArgumentParser, *, connection: bool = True) 
              help="client processes; worker ids are split between them (default: %(default)s)")
     add_flag(run, "--max-episodes", metavar="N", type=int, default=None,
              help="stop after N finished episodes (default: until the server's job is done)")
-    add_flag(run, "--max-recoveries", metavar="N", type=int, default=3,
+    add_flag(run, "--max-recoveries", metavar="N", type=int, default=5,
              help="failed requests in a row one worker recovers from (finding out whether it ran; "
                   "restarting the episode when unsure) before the run stops; 0 stops at the first "
                   "(default: %(default)s)")
