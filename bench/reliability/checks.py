@@ -42,6 +42,9 @@ class RunCheck:
     rows: dict[str, int] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     videos_checked: int = 0
+    #: finished episodes (result.json) still carrying INCOMPLETE: a kill between writing the one
+    #: and removing the other; result.json decides, and the next run's recorder tidies it
+    stale_markers: list[str] = field(default_factory=list)
 
     @property
     def finished_seeds(self) -> set[tuple[str, str]]:
@@ -96,7 +99,7 @@ def check_run(run_dir: Path, *, server_steps: Mapping[str, int] | None = None,
         eid = str(info.get("episode_id"))
         res.finished[eid] = d
         if (d / "INCOMPLETE").exists():
-            res.problems.append(f"{rel}: result.json and INCOMPLETE both present")
+            res.stale_markers.append(str(rel))
         rows: list[dict[str, Any]] = []
         try:
             for line in (d / "steps.jsonl").read_text().splitlines():

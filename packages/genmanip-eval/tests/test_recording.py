@@ -323,3 +323,19 @@ def test_recover_finishes_a_dead_recorders_episode_and_refuses_a_short_one(tmp_p
     assert info["server_result"] == {"score": 1.0, "sr": 1.0} and not (short / "result.json").exists()
     assert not list(short.glob(".pending_result.*"))
     assert json.loads((ok.parent / "episode_result.json").read_text()) == {"000": {"score": 1.0, "sr": 1.0}}
+
+
+def test_recover_tidies_a_finished_episode_killed_before_its_marker_was_removed(tmp_path: Path) -> None:
+    rec = Recorder(tmp_path)
+    record_episode(rec, "0", EID, 3)
+    rec.close()
+    ep = tmp_path / EID
+    before = (ep / "result.json").read_bytes()
+    # the state a kill between writing result.json and removing INCOMPLETE leaves
+    (ep / "INCOMPLETE").write_text("{}")
+    (ep / ".pending_result.999999999.json").write_text("{}")
+    rec2 = Recorder(tmp_path)
+    assert rec2.recover(tmp_path / "testbed" / "run1") == 0
+    rec2.close()
+    assert not (ep / "INCOMPLETE").exists() and not list(ep.glob(".pending_result.*"))
+    assert (ep / "result.json").read_bytes() == before

@@ -844,6 +844,14 @@ class Recorder:
         if run_dir in self._recovered or not run_dir.is_dir():
             return 0
         self._recovered.add(run_dir)
+        # result.json is written before INCOMPLETE is removed: a kill between the two leaves a
+        # finished episode (result.json decides) with a stale marker. Tidy it.
+        for stale in run_dir.rglob("INCOMPLETE"):
+            d = stale.parent
+            if (d / "result.json").is_file() and not d.is_symlink():
+                stale.unlink(missing_ok=True)
+                _unlink_markers(d)
+                shutil.rmtree(d / _FRAMES_DIR, ignore_errors=True)
         found = 0
         for pending in sorted(run_dir.rglob(_PENDING_GLOB)):
             d = pending.parent
