@@ -12,6 +12,12 @@ turns each finished episode's frames into ``<camera>.mp4`` with ffmpeg at low pr
 ``result.json`` last (atomically) and removes ``INCOMPLETE``. The queue is bounded (back-pressure,
 bounded memory); a failure of either thread is raised in the step loop at the next call and never
 blocks it forever.
+
+Nothing the server hands out once is lost to a crash: when the server ends an episode the writer
+catches up and leaves ``.awaiting_result.<pid>.json`` (all but the result is on disk); a received
+result is saved at once as ``.pending_result.<pid>.json``. The next recorder on the run finishes
+such episodes (``recover``, ``adopt_result``) or, when that cannot be done exactly, keeps them
+``INCOMPLETE`` with the reason.
 """
 
 from __future__ import annotations
