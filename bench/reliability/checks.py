@@ -3,10 +3,13 @@
 :func:`check_run` walks ``<results>/<benchmark>/<run_id>/`` and returns every problem found:
 a finished episode (``result.json`` present) must have ``steps.jsonl`` whose every row parses and
 whose ``step`` indices are exactly ``0..n-1``, ``result.json`` consistent with it (``steps``,
-``episode_id``), every camera video decodable with one frame per observation, no ``INCOMPLETE``
-marker; each task's ``episode_result.json`` must list exactly the finished seeds with the same
-score; an unfinished episode directory must carry ``INCOMPLETE``. Optionally the server's count of
-executed actions per episode is compared with the rows (a replayed step shows up there).
+``episode_id``), every camera video decodable with one frame per observation; each task's
+``episode_result.json`` must list exactly the finished seeds with the same score (plus seeds whose
+result is saved in ``.pending_result`` while a kill cut their transcode short: reported as
+``finishing``); an unfinished episode directory must carry ``INCOMPLETE``. Reported apart, not
+problems: ``INCOMPLETE`` left next to a ``result.json`` (``stale_markers``; ``result.json``
+decides, the next run tidies it). Optionally the server's count of executed actions per episode is
+compared with the rows (a replayed step shows up there).
 """
 
 from __future__ import annotations
@@ -45,6 +48,9 @@ class RunCheck:
     #: finished episodes (result.json) still carrying INCOMPLETE: a kill between writing the one
     #: and removing the other; result.json decides, and the next run's recorder tidies it
     stale_markers: list[str] = field(default_factory=list)
+    #: episodes whose result is saved and listed in episode_result.json while their transcode was
+    #: cut short (no result.json yet): the next run finishes them
+    finishing: list[str] = field(default_factory=list)
 
     @property
     def finished_seeds(self) -> set[tuple[str, str]]:
@@ -138,7 +144,13 @@ def check_run(run_dir: Path, *, server_steps: Mapping[str, int] | None = None,
             res.problems.append(f"{path.relative_to(run_dir)}: does not parse ({exc})")
             continue
         done = by_task.get(task_dir, {})
-        if set(merged) != set(done):
+        # A seed whose result is saved (.pending_result) while its videos and result.json are
+        # still being made (the transcode was cut short by a kill) is already listed: the index is
+        # merged first, so it never misses a finished episode. The next run finishes it.
+        finishing = {seed for seed in set(merged) - set(done)
+                     if _pending_score(task_dir / seed) == merged[seed].get("score")}
+        res.finishing += [str((task_dir / s).relative_to(run_dir)) for s in sorted(finishing)]
+        if set(merged) - finishing != set(done):
             res.problems.append(
                 f"{task_dir.relative_to(run_dir)}/episode_result.json lists {sorted(merged)}, "
                 f"finished episodes are {sorted(done)}")
@@ -146,6 +158,15 @@ def check_run(run_dir: Path, *, server_steps: Mapping[str, int] | None = None,
             if seed in merged and merged[seed].get("score") != score:
                 res.problems.append(f"{task_dir.relative_to(run_dir)}/{seed}: score differs")
     return res
+
+
+def _pending_score(episode_dir: Path) -> float | None:
+    for pending in episode_dir.glob(".pending_result.*.json"):
+        try:
+            return float(json.loads(pending.read_text())["result"]["score"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None
 
 
 def unrecorded_with_reason(episode_dir: Path) -> bool:

@@ -72,6 +72,7 @@ def run(kills: int = 50, *, tasks: str = "testbed/all", seed: int = 1, min_delay
     problems: list[str] = []
     rewritten: list[str] = []
     stale_seen: set[str] = set()
+    finishing_seen: set[str] = set()
     killed = 0
     attempts = 0
     t_start = time.monotonic()
@@ -127,6 +128,7 @@ def run(kills: int = 50, *, tasks: str = "testbed/all", seed: int = 1, min_delay
                     chk = check_run(run_dir, decode_videos=decode_videos)
                     problems += [f"after attempt {attempts}: {p}" for p in chk.problems]
                     stale_seen |= set(chk.stale_markers)
+                    finishing_seen |= set(chk.finishing)
                     now = _fingerprints(run_dir)
                     for k, h in known.items():
                         if now.get(k) != h:
@@ -143,6 +145,8 @@ def run(kills: int = 50, *, tasks: str = "testbed/all", seed: int = 1, min_delay
         client_finished = {str(d.relative_to(run_dir)) for d in chk.finished.values()} if chk and run_dir else set()
         if final_rc != 0:
             problems.append(f"the final run exited {final_rc}: {final_err[-400:]}")
+        if chk and chk.finishing:
+            problems.append(f"episodes left unfinished after the final run: {chk.finishing[:5]}")
         if chk and chk.stale_markers:
             problems.append(f"stale INCOMPLETE markers left after the final run: {chk.stale_markers[:5]}")
         if "Traceback" in final_err:
@@ -161,6 +165,7 @@ def run(kills: int = 50, *, tasks: str = "testbed/all", seed: int = 1, min_delay
             "incomplete_left": sorted(chk.incomplete) if chk else [],
             "rewritten_finished": sorted(set(rewritten)),
             "stale_seen": sorted(stale_seen),
+            "finishing_seen": sorted(finishing_seen),
             "videos_checked": chk.videos_checked if chk else 0,
             "problems": problems,
             "seconds": round(time.monotonic() - t_start, 1),
@@ -186,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
         ["finished episodes rewritten by a later run", len(r["rewritten_finished"])],
         ["finished episodes seen with a stale INCOMPLETE after a kill (tidied by the next run)",
          len(r["stale_seen"])],
+        ["episodes seen with their result saved and listed but the transcode cut short (finished by "
+         "the next run)", len(r["finishing_seen"])],
         ["finished episodes client / server", f"{r['client_finished']} / {r['server_finished']}"],
         ["server-finished episodes not recorded, reason in INCOMPLETE", len(r["server_only_explained"])],
         ["server-finished episodes not recorded, no reason", len(unexplained)],
