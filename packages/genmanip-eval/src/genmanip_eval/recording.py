@@ -240,7 +240,7 @@ class Recorder:
     @property
     def run_dirs(self) -> list[Path]:
         """Run directories this recorder has written to."""
-        return sorted(self._run_dirs)
+        return sorted(self._run_dirs.copy())  # (the writer thread adds to it)
 
     def check(self) -> None:
         """Raise :class:`RecordingError` if the writer or transcoder failed."""
@@ -437,7 +437,16 @@ class Recorder:
         except EpisodeIdError as exc:
             log.warning("worker %s: %s", worker_id, exc)
             return
-        self._put(("adopt", worker_id, result))
+        # At once, on this thread: the server handed this result out once (see _write_pending).
+        # After the writer is done with what is queued (e.g. the abort of this very episode).
+        self._sync()
+        try:
+            self._adopt(result)
+        except OSError as exc:
+            raise RecordingError(
+                f"recording failed: cannot save the collected result of {result.episode_id}: {exc}",
+                hint="check free disk space (or run with --no-record)",
+            ) from exc
 
     def results_not_held(self, worker_ids: list[str]) -> None:
         """The server holds no result for these workers (a resumed client asked): an episode a
@@ -630,7 +639,7 @@ class Recorder:
         return list(st["frames"])
 
     def _w_orphans(self) -> None:
-        for run_dir in sorted(self._recovered):
+        for run_dir in sorted(self._recovered.copy()):
             self._mark_orphans(run_dir)
 
     def _mark_orphans(self, run_dir: Path) -> None:
@@ -696,7 +705,7 @@ class Recorder:
                 fsync=False,
             )
 
-    def _w_adopt(self, worker_id: str, result: EpisodeResult) -> None:
+    def _adopt(self, result: EpisodeResult) -> None:
         directory, run_dir, _task, _seed, bench, run_id = self._split(result.episode_id)
         if not (self._run_ids.get(run_dir) or run_dir.is_dir()):
             # Not a run recorded here (e.g. the previous client did not record): nothing to mark.
