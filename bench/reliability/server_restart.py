@@ -25,7 +25,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _rel import md_table
-from checks import GMP, check_run, find_run_dir, python_env
+from checks import GMP, check_run, find_run_dir, python_env, unrecorded_with_reason
 
 
 def _free_port() -> int:
@@ -110,11 +110,22 @@ def run_one(seed: int, *, tasks: str = "testbed/reach/easy", down: float = 1.0, 
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
-        server_finished = sum(1 for _ in (tmpd / "srv").rglob("result_info.json"))
+        srv_run = next((tmpd / "srv").glob(f"saved/eval_results/*/{run_id}"), None)
+        server_done = [str(p.parent.relative_to(srv_run)) for p in srv_run.rglob("result_info.json")] if srv_run else []
+        server_finished = len(server_done)
         run_dir = find_run_dir(results)
         chk = check_run(run_dir) if run_dir else None
         if chk:
             problems += chk.problems
+        # A result the crashed server never handed out is gone with it: such an episode must be
+        # INCOMPLETE with that reason; any other unrecorded one is a problem.
+        recorded = {str(d.relative_to(run_dir)) for d in chk.finished.values()} if chk and run_dir else set()
+        lost = 0
+        for rel in sorted(set(server_done) - recorded):
+            if run_dir is not None and unrecorded_with_reason(run_dir / rel):
+                lost += 1
+            else:
+                problems.append(f"{rel}: finished on the server, not recorded, no reason given")
         if rc != 0:
             problems.append(f"the job did not complete after {attempts} runs: {last_err[-300:]}")
         return {
@@ -129,6 +140,7 @@ def run_one(seed: int, *, tasks: str = "testbed/reach/easy", down: float = 1.0, 
             "client_finished": len(chk.finished) if chk else 0,
             "server_finished": server_finished,
             "incomplete_left": len(chk.incomplete) if chk else 0,
+            "lost_with_reason": lost,
             "problems": problems,
             "seconds": round(elapsed, 1),
         }
@@ -146,12 +158,13 @@ def main(argv: list[str] | None = None) -> int:
         bad += bool(r["problems"])
         rows.append([seed, "yes" if r["killed_mid_run"] else "no", r["first_rc"], r["seconds_to_report"],
                      (r["first_report"] or "-").replace("|", "/")[:120], r["attempts"], r["final_rc"],
-                     f"{r['client_finished']}/{r['server_finished']}", r["incomplete_left"], len(r["problems"])])
+                     f"{r['client_finished']}/{r['server_finished']}", r["lost_with_reason"], len(r["problems"])])
         for p in r["problems"][:5]:
             print(f"seed {seed}: {p}", file=sys.stderr)
     print(f"### Server SIGKILLed mid-run and restarted after 1 s ({a.tasks}, 2 workers)\n")
     print(md_table(["seed", "killed mid-run", "client exit", "s from kill to client exit", "client report",
-                    "gmp eval runs", "final exit", "finished client/server", "incomplete left", "problems"],
+                    "gmp eval runs", "final exit", "finished client/server",
+                    "unrecorded, reason given", "problems"],
                    rows))
     print(f"\nverdict: {'PASS' if not bad else 'FAIL'}")
     return 0 if not bad else 1
