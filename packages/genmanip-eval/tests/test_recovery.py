@@ -99,7 +99,7 @@ def test_lost_result_reply_is_reported_and_the_run_completes(tmp_path: Path) -> 
     with serve_testbed(tasks=("testbed/smoke",), num_steps=NUM_STEPS, results_root=tmp_path / "srv") as tb:
         # poll_initial: the first poll comes after the background reset finished, so the reply
         # dropped below is the one carrying the result.
-        with EvalClient(tb.url, ["0"], record=True, results_dir=str(res), poll_initial=0.5) as c:
+        with EvalClient(tb.url, ["0"], record=True, results_dir=str(res), poll_initial=2.0) as c:
             e = _step_to(c, c.reset(), NUM_STEPS - 1)
             eid = e["0"]["obs"]["episode_id"]
             tb.set_faults({"reset_after": 1.0, "routes": ["reset_result"], "max_faults": 1})
@@ -159,7 +159,7 @@ while True:
 
 def _kill_while_awaiting(tb: Any, res: Path) -> str:
     """Run a recording client in a subprocess and SIGKILL it while it waits for its first
-    episode's result (the testbed's resets take 2 s); return that episode's id."""
+    episode's result (the testbed's resets take 3 s); return that episode's id."""
     proc = subprocess.Popen([sys.executable, "-c", _DIE_AFTER_ENDING, tb.url, str(res)],
                             start_new_session=True)
     try:
@@ -170,7 +170,7 @@ def _kill_while_awaiting(tb: Any, res: Path) -> str:
             assert proc.poll() is None
             time.sleep(0.05)
         assert done, "the first episode never ended"
-        time.sleep(0.5)  # the episode's last row and its marker reach the disk
+        time.sleep(1.0)  # the episode's last row and its marker reach the disk
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -183,7 +183,7 @@ def test_resumed_client_collects_the_result_a_killed_one_was_waiting_for(tmp_pat
     res = tmp_path / "results"
     # Slow background resets: the killed client is waiting for its result when it dies.
     with serve_testbed(tasks=("testbed/smoke",), num_steps=NUM_STEPS, results_root=tmp_path / "srv",
-                       reset_delay=2.0) as tb:
+                       reset_delay=3.0) as tb:
         eid = _kill_while_awaiting(tb, res)
         with EvalClient(tb.url, ["0"], record=True, results_dir=str(res)) as c:
             e = c.reset()
@@ -200,7 +200,7 @@ def test_resumed_client_collects_the_result_a_killed_one_was_waiting_for(tmp_pat
 def test_a_result_gone_from_the_server_is_reported_not_waited_for(tmp_path: Path) -> None:
     res = tmp_path / "results"
     with serve_testbed(tasks=("testbed/smoke",), num_steps=NUM_STEPS, results_root=tmp_path / "srv",
-                       reset_delay=2.0) as tb:
+                       reset_delay=3.0) as tb:
         eid = _kill_while_awaiting(tb, res)
         # Another client takes the stored result (what a reply lost on its way amounts to).
         with EvalClient(tb.url, ["0"], kill_on_close=False) as other:
