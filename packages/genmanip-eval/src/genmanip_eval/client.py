@@ -592,25 +592,6 @@ class EvalClient:
         """
         self._check_open()
         self.connect()
-        adopted: dict[str, WorkerEntry] = {}
-        if self.kill_on_start:
-            if self.adopt_on_start:
-                for wid in self.worker_ids:
-                    entry = self._probe(wid)
-                    if entry is not None:
-                        adopted[wid] = entry
-                if adopted:
-                    log.info(
-                        "worker(s) %s: a reset from a previous client is under way or finished: "
-                        "collecting it instead of killing the worker", ", ".join(adopted)
-                    )
-            rest = [w for w in self.worker_ids if w not in adopted]
-            if self.adopt_on_start and rest:
-                self._notify("results_not_held", list(rest))
-            if rest:
-                self.kill(rest)
-        else:
-            rest = list(self.worker_ids)
         for st in self._state.values():
             st.executed_steps = 0
             st.lock_lost = False
@@ -618,20 +599,35 @@ class EvalClient:
             st.pending = False
             st.awaiting = False
             st.unconfirmed = None
-        t0 = time.perf_counter()
-        entries: dict[str, WorkerEntry] = dict(adopted)
-        resp: Any = None
+        self._started = True
+        adopted: list[str] = []
+        if self.kill_on_start and self.adopt_on_start:
+            for wid in self.worker_ids:
+                entry = self._probe(wid)
+                if entry is not None:
+                    # Applied at once: a finished reset was just handed out, for the last time.
+                    adopted.append(wid)
+                    self._apply_entry(wid, entry, first=True)
+            if adopted:
+                log.info(
+                    "worker(s) %s: a reset from a previous client is under way or finished: "
+                    "collected instead of killing the worker", ", ".join(adopted)
+                )
+        rest = [w for w in self.worker_ids if w not in adopted]
+        if self.kill_on_start and rest:
+            if self.adopt_on_start:
+                self._notify("results_not_held", list(rest))
+            self.kill(rest)
         if rest:
+            t0 = time.perf_counter()
             data, resp = self._wire_call(
                 self.http, "/reset", {"worker_ids": rest}, timeout=self.timeouts["reset"]
             )
-            entries.update(parse_step_response(data, rest))
-        self._started = True
-        total = (time.perf_counter() - t0) * 1000
-        for wid in self.worker_ids:
-            st = self._state[wid]
-            st.timing = StepTiming(total_ms=total, server_ms=None if resp is None else _server_ms(resp))
-            self._apply_entry(wid, entries[wid], first=True)
+            entries = parse_step_response(data, rest)
+            total = (time.perf_counter() - t0) * 1000
+            for wid in rest:
+                self._state[wid].timing = StepTiming(total_ms=total, server_ms=_server_ms(resp))
+                self._apply_entry(wid, entries[wid], first=True)
         # Workers usually finish their first reset together: give the others a moment.
         self._settle(block=True, grace=self.reset_grace)
         return self.entries()

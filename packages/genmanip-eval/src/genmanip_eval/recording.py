@@ -712,16 +712,18 @@ class Recorder:
             log.info("result of %s collected from the server: its run is not recorded here", result.episode_id)
             return
         self._safe_dir(directory)
+        if not (directory / "result.json").exists():
+            self._finish_awaiting(directory, run_dir, result)
+        # Housekeeping after the result is safe on disk.
         self._run_ids.setdefault(run_dir, (bench, run_id))
         if run_dir not in self._run_dirs:
             self._run_dirs.add(run_dir)
             self._merge_run_json(run_dir)
         self.recover(run_dir)
-        with self._busy_cv:
-            while self._busy.get(directory, 0) > 0 and self._error is None:
-                self._busy_cv.wait(0.2)
-        if (directory / "result.json").exists():
-            return  # finished already (a resumed transcode)
+
+    def _finish_awaiting(self, directory: Path, run_dir: Path, result: EpisodeResult) -> None:
+        """Finish ``directory`` from the ``.awaiting_result`` a dead recorder left, with ``result``;
+        else keep it INCOMPLETE with the server's result."""
         for marker in sorted(directory.glob(_AWAITING_GLOB)):
             try:
                 info = json.loads(marker.read_text())
@@ -742,11 +744,9 @@ class Recorder:
                 cams = [str(c) for c in info["cameras"]]
                 if not all((directory / _FRAMES_DIR / f"{c}.jpegs").is_file() for c in cams):
                     raise ValueError("its frame spool is missing")
-                _truncate_rows(directory / "steps.jsonl", ep.steps)
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 log.warning("cannot finish %s with the collected result from %s: %s", result.episode_id, marker.name, exc)
                 continue
-            log.info("finishing episode %s with its result collected from the server", result.episode_id)
             finished = _now()
             atomic_write_json(
                 directory / _pending_name(os.getpid()),
@@ -757,11 +757,21 @@ class Recorder:
                     "finished": finished,
                     "host": socket.gethostname(),
                 },
+                fsync=False,
             )
             marker.unlink(missing_ok=True)
+            try:
+                _truncate_rows(directory / "steps.jsonl", ep.steps)
+            except (OSError, ValueError) as exc:
+                log.warning("cannot finish %s with the collected result: %s", result.episode_id, exc)
+                _unlink_markers(directory)
+                break
+            log.info("finishing episode %s with its result collected from the server", result.episode_id)
             self.finished.append((result.success, result.score))
             self._queue_transcode(ep, result, cams, finished)
             return
+        # Not finishable (its last steps may not have been recorded): keep it INCOMPLETE, but say
+        # what the server made of it.
         self._mark_unfinishable(directory, result)
 
     def _mark_unfinishable(self, directory: Path, result: EpisodeResult) -> None:
