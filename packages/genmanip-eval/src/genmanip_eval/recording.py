@@ -221,6 +221,7 @@ class Recorder:
         self._run_ids: dict[Path, tuple[str, str]] = {}
         self._recovered: set[Path] = set()
         self._orphan_workers: set[str] = set()
+        self._aborts_queued: set[Path] = set()  # episode directories with an abort in the queue
         # Episode directories with a transcode queued or running: a re-run of the same episode
         # waits for it, so files of two attempts never mix.
         self._busy: dict[Path, int] = {}
@@ -425,6 +426,7 @@ class Recorder:
         """The worker's episode will not be completed by this client: mark it ``INCOMPLETE``."""
         ep = self._episodes.pop(worker_id, None)
         if ep is not None:
+            self._aborts_queued.add(ep.directory)
             self._put(("abort", ep, reason))
 
     def adopt_result(self, worker_id: str, result: EpisodeResult) -> None:
@@ -438,8 +440,10 @@ class Recorder:
             log.warning("worker %s: %s", worker_id, exc)
             return
         # At once, on this thread: the server handed this result out once (see _write_pending).
-        # After the writer is done with what is queued (e.g. the abort of this very episode).
-        self._sync()
+        # If this very episode's abort is still queued, the writer must do it first.
+        if self._split(result.episode_id)[0] in self._aborts_queued:
+            self._sync()
+        self.check()
         try:
             self._adopt(result)
         except OSError as exc:
@@ -798,6 +802,7 @@ class Recorder:
         )
 
     def _w_abort(self, ep: _Episode, reason: str) -> None:
+        self._aborts_queued.discard(ep.directory)
         self._close_files(ep)
         shutil.rmtree(ep.directory / _FRAMES_DIR, ignore_errors=True)
         _unlink_markers(ep.directory)
