@@ -238,8 +238,8 @@ class EvalClient:
             (finding out whether the request ran, restarting the episode if unsure) before it
             raises; 0 raises at the first failure.
         kill_on_close: ``/kill`` own worker ids in :meth:`close` unless every worker finished.
-        on_event: ``callback(name, payload)`` for ``"episode_finished"``, ``"lock_lost"`` and
-            ``"worker_finished"``.
+        on_event: ``callback(name, payload)`` for ``"episode_finished"``, ``"episode_restarted"``,
+            ``"lock_lost"`` and ``"worker_finished"``.
         listener: a :class:`StepListener` (the recorder).
         record: record episodes (steps, videos, results) under ``results_dir`` (or
             ``GENMANIP_RESULT_DIR`` / ``./client_results``). Off by default for the Python API.
