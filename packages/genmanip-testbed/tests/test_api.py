@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import os
 import re
@@ -20,6 +21,7 @@ import pytest
 from _tbhelpers import Raw, poll_reset
 from genmanip_protocol.codec import MSGPACK_CONTENT_TYPE, JpegFrame, MsgpackCodec, Observation
 from genmanip_testbed import UnknownConfigError, serve_testbed
+from genmanip_testbed.app import build_asgi_app
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -279,3 +281,27 @@ def test_single_arm_robot_over_http_and_busy_port() -> None:
         with pytest.raises(ServerStartError, match="cannot listen"):
             with serve_testbed(tasks="testbed/smoke", port=tb.port):
                 pass
+
+
+def test_a_request_is_counted_before_its_reply_leaves() -> None:
+    # A client that holds its answer must find the request in the stats (it once raced the log).
+    with serve_testbed(tasks="testbed/smoke") as tb:
+        app = build_asgi_app(tb.server)
+        seen: list[dict] = []
+
+        async def receive() -> dict:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                seen.append(tb.stats.snapshot())
+
+        scope = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET",
+            "scheme": "http", "path": "/docs", "raw_path": b"/docs", "root_path": "",
+            "query_string": b"", "headers": [], "client": ("127.0.0.1", 1),
+            "server": ("127.0.0.1", tb.port),
+        }
+        asyncio.run(app(scope, receive, send))
+        assert seen and seen[0]["requests"].get("/docs") == 1
+        assert seen[0]["statuses"].get("200") == 1

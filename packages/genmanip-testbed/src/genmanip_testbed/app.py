@@ -436,7 +436,11 @@ def _wrap(fn: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], A
         except ClientDisconnect:
             # The client went away mid-request (killed, timed out): nobody reads a reply, and
             # it is not a server error worth a traceback in the log.
-            log.info("%s %s: the client disconnected before its request was read", request.method, request.url.path)
+            log.info(
+                "%s %s: the client disconnected before its request was read",
+                request.method,
+                request.url.path,
+            )
             return Response(status_code=499)
 
     endpoint.__name__ = getattr(fn, "__name__", "endpoint")
@@ -486,10 +490,15 @@ class _Outer:
         path = scope.get("path", "")
         state: dict[str, Any] = {"status": 0, "bytes": 0}
         timed = _is_eval_path(path)
+        stats = self.server.stats
+        # Counted before the reply goes out: a client that has its answer must find its request
+        # (and the status) in the stats, or tests reading them race the access log.
+        stats.add("requests", path)
 
         async def send_wrapper(message: Message) -> None:
             if message["type"] == "http.response.start":
                 state["status"] = message["status"]
+                stats.add("statuses", message["status"])
                 if timed:
                     ms = (time.perf_counter() - t0) * 1000.0
                     headers = list(message.get("headers", []))
@@ -502,10 +511,6 @@ class _Outer:
         try:
             await self.app(scope, receive, send_wrapper)
         finally:
-            stats = self.server.stats
-            stats.add("requests", path)
-            if state["status"]:
-                stats.add("statuses", state["status"])
             access_log.info(
                 "%s %s %s %.1fms %dB",
                 scope.get("method", "?"),
