@@ -69,7 +69,7 @@ def test_recorder_path_check_refuses_every_escape(tmp_path: Path) -> None:
         for label, template, must_refuse in HOSTILE_IDS:
             eid = template.replace("{outside}", str(tmp_path / "outside").lstrip("/")) if isinstance(template, str) else template
             try:
-                directory, run_dir, _task, _seed = rec._episode_paths(eid)
+                directory, run_dir, *_ = rec._split(eid)
             except GenmanipEvalError as exc:
                 refused += 1
                 assert "refusing to record episode id" in str(exc), label

@@ -1116,19 +1116,9 @@ class EvalClient:
             # Nothing reached the server: the workers are as they were. Wait until it answers.
             self._await_server(exc)
             return
-        short = str(exc).split(";")[0]
         for wid in failed:
-            try:
-                entry = self._probe(wid)
-            except GenmanipError as perr:
-                raise exc from perr
-            if entry is None:
-                # Still mid-episode: the action(s) ran or not — unknowable, so start over.
-                try:
-                    self._restart(wid, "the failed request may have run", detail=short)
-                except GenmanipError as rerr:
-                    raise exc from rerr
-            else:
+            entry = self._resolve(exc, wid, "the failed request may have run")
+            if entry is not None:
                 # The worker is resetting: the failed request ended its episode.
                 self._state[wid].unconfirmed = (list(per_worker[wid]), meta.get(wid) or {}, chunked)
                 self._apply_entry(wid, entry, first=False)
@@ -1138,25 +1128,43 @@ class EvalClient:
             raise exc
         self._count_failure(exc, ids)
         for wid in ids:
-            try:
-                entry = self._probe(wid)
-            except GenmanipError as perr:
-                raise exc from perr
-            if entry is None:
-                # The lost reply consumed the finished reset: the previous episode's result and
-                # the next episode's first observation are gone, and the worker is already
-                # stepping an episode we never saw.
-                self._abort_recording(
-                    wid,
-                    "the server finished this episode, but the reply carrying its result was lost "
-                    f"({str(exc).split(';')[0]})",
-                )
-                try:
-                    self._restart(wid, "its first observation was lost with a reply", detail=str(exc).split(";")[0])
-                except GenmanipError as rerr:
-                    raise exc from rerr
-            else:
+            # Nothing pending means the lost reply consumed the finished reset: the previous
+            # episode's result and the next one's first observation are gone, and the worker is
+            # already stepping an episode we never saw.
+            entry = self._resolve(
+                exc,
+                wid,
+                "its first observation was lost with a reply",
+                lost="the server finished this episode, but the reply carrying its result was lost",
+            )
+            if entry is not None:
                 self._apply_entry(wid, entry, first=False)
+
+    def _resolve(
+        self, exc: GenmanipError, wid: str, reason: str, *, lost: str | None = None
+    ) -> WorkerEntry | None:
+        """Settle one worker after ``exc``, a transient failure that may or may not have run.
+
+        Returns the worker's entry if a reset is under way or finished (the failed request ended
+        its episode). Otherwise the worker is mid-episode in a state nobody can know: its
+        recording is aborted (with ``lost`` as the reason if given) and the episode restarted
+        (``reason``), and None is returned. Never resends. A failure while settling re-raises
+        ``exc``, chained to its cause.
+        """
+        short = str(exc).split(";")[0]
+        try:
+            entry = self._probe(wid)
+        except GenmanipError as err:
+            raise exc from err
+        if entry is None:
+            if lost is not None:
+                # (outside the try: a recording failure is its own error, not a network one)
+                self._abort_recording(wid, f"{lost} ({short})")
+            try:
+                self._restart(wid, reason, detail=short)
+            except GenmanipError as err:
+                raise exc from err
+        return entry
 
     def _await_server(self, exc: GenmanipError) -> None:
         def docs() -> Any:

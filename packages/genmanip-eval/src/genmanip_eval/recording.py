@@ -143,6 +143,16 @@ class _Episode:
             for k in ("episode_id", "task_name", "seed", "worker_id", "robot_id", "instruction", "started", "steps")
         }
 
+    @classmethod
+    def from_note(cls, note: Mapping[str, Any], directory: Path, run_dir: Path) -> _Episode:
+        """The inverse of :meth:`describe` (KeyError/TypeError/ValueError on a damaged note)."""
+        return cls(
+            episode_id=str(note["episode_id"]), directory=directory, run_dir=run_dir,
+            task_name=str(note["task_name"]), seed=str(note["seed"]), worker_id=str(note["worker_id"]),
+            robot_id=note.get("robot_id"), instruction=note.get("instruction"),
+            started=str(note["started"]), steps=int(note["steps"]),
+        )
+
 
 def _owner_alive(pid: int | None, host: Any) -> bool:
     """Is the recorder that owns a pending result still running (or on another host: unknown)?"""
@@ -270,10 +280,6 @@ class Recorder:
             self.check()
             if not self._writer.is_alive():
                 raise RecordingError("the recording writer thread stopped unexpectedly")
-
-    def _episode_paths(self, episode_id: Any) -> tuple[Path, Path, str, str]:
-        directory, run_dir, task, seed, _b, _r = self._split(episode_id)
-        return directory, run_dir, task, seed
 
     def _split(self, episode_id: Any) -> tuple[Path, Path, str, str, str, str]:
         try:
@@ -739,12 +745,7 @@ class Recorder:
                     raise ValueError("it belongs to this process")
                 if _owner_alive(int(pid) if pid.isdigit() else None, info.get("host")):
                     raise ValueError("the recorder that wrote it is still running")
-                ep = _Episode(
-                    episode_id=str(e["episode_id"]), directory=directory, run_dir=run_dir,
-                    task_name=str(e["task_name"]), seed=str(e["seed"]), worker_id=str(e["worker_id"]),
-                    robot_id=e.get("robot_id"), instruction=e.get("instruction"),
-                    started=str(e["started"]), steps=int(e["steps"]),
-                )
+                ep = _Episode.from_note(e, directory, run_dir)
                 cams = [str(c) for c in info["cameras"]]
                 if not all((directory / _FRAMES_DIR / f"{c}.jpegs").is_file() for c in cams):
                     raise ValueError("its frame spool is missing")
@@ -898,13 +899,7 @@ class Recorder:
                     os.rename(pending, mine)
                 except FileNotFoundError:
                     continue
-                e = info["episode"]
-                ep = _Episode(
-                    episode_id=str(e["episode_id"]), directory=d, run_dir=run_dir,
-                    task_name=str(e["task_name"]), seed=str(e["seed"]), worker_id=str(e["worker_id"]),
-                    robot_id=e.get("robot_id"), instruction=e.get("instruction"),
-                    started=str(e["started"]), steps=int(e["steps"]),
-                )
+                ep = _Episode.from_note(info["episode"], d, run_dir)
                 result = EpisodeResult(
                     episode_id=ep.episode_id, task_name=ep.task_name, seed=ep.seed,
                     score=float(info["result"]["score"]), sr=float(info["result"]["sr"]),
