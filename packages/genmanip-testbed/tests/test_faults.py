@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import http.client
+import logging
+import threading
 import time
 from typing import Any
 
@@ -198,6 +200,33 @@ def test_shutdown_is_prompt_with_stalled_resets_nobody_killed() -> None:
         raw.close()
         t0 = time.monotonic()
     assert time.monotonic() - t0 < 10.0
+
+
+def test_shutdown_ends_injected_latency_with_a_503_not_a_cancelled_request(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A request sleeping in a long injected latency is answered 503 when the testbed closes,
+    promptly, instead of being cancelled by uvicorn (which logs a traceback per request)."""
+    replies: list[int] = []
+    uvicorn_log = logging.getLogger("uvicorn.error")  # (uvicorn's loggers do not propagate)
+    with serve_testbed(tasks=("testbed/smoke",), faults="latency=60s,routes=reset") as tb:
+        uvicorn_log.addHandler(caplog.handler)
+        raw = Raw(tb.url)
+
+        def call() -> None:
+            replies.append(raw.request("POST", "/reset", b"", ctype="application/octet-stream")[0])
+
+        t = threading.Thread(target=call)
+        t.start()
+        while not tb.stats.faults["latency"]:
+            time.sleep(0.02)
+        t0 = time.monotonic()
+    uvicorn_log.removeHandler(caplog.handler)
+    t.join(10)
+    assert time.monotonic() - t0 < 1.5
+    assert replies == [503]
+    assert "Exception in ASGI application" not in caplog.text
+    assert "graceful shutdown exceeded" not in caplog.text
 
 
 def test_max_faults_faults_exactly_the_next_n_requests() -> None:

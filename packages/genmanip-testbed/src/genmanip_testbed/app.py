@@ -586,6 +586,17 @@ class _Faults:
         self.app = app
         self.server = server
 
+    async def _delay(self, seconds: float) -> bool:
+        """Sleep ``seconds``; False if the server began shutting down meanwhile."""
+        stopping = self.server.stopping
+        end = time.monotonic() + seconds
+        while not stopping.is_set():
+            left = end - time.monotonic()
+            if left <= 0:
+                return True
+            await asyncio.sleep(min(left, 0.05))
+        return False
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
         if scope["type"] != "http" or not _is_eval_path(path):
@@ -595,7 +606,11 @@ class _Faults:
         stats = self.server.stats
         if d.latency_s:
             stats.add("faults", "latency")
-            await asyncio.sleep(d.latency_s)
+            if not await self._delay(d.latency_s):
+                await _json_error(503, "Service Unavailable (the testbed is shutting down)")(
+                    scope, receive, send
+                )
+                return
         if d.error is not None:
             stats.add("faults", f"error_{d.error}")
             text = {

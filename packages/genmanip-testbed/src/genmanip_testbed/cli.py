@@ -14,7 +14,7 @@ from genmanip_protocol.errors import ExitCode
 
 from .errors import ServerStartError
 from .faults import FaultSpec, parse_fault_spec
-from .server import LocalServer, ServerOptions, _bind
+from .server import LocalServer, ServerOptions, _bind, _uvicorn_server
 from .tasks import DEFAULT_CONFIG
 
 __all__ = ["serve"]
@@ -116,7 +116,7 @@ def serve(args: argparse.Namespace) -> int:
         f"{job}, auth {'on' if token else 'off'}, results under {opts.results_root.resolve()}/saved/eval_results"
     )
     try:
-        uvicorn.Server(config).run(sockets=[sock])
+        _uvicorn_server(config, server.stopping).run(sockets=[sock])
     except KeyboardInterrupt:
         pass
     finally:

@@ -109,6 +109,9 @@ class LocalServer:
                 "testbed/<reach|lift>[/<easy|hard>]",
             ) from None
         self.stats = Stats()
+        #: set when the server starts shutting down: injected latencies end early (503) instead
+        #: of being cancelled mid-request by uvicorn's graceful-shutdown timeout (a traceback each)
+        self.stopping = threading.Event()
         # JPEG encoding of a reply's cameras runs side by side (simplejpeg releases the GIL).
         self.jpeg_pool = ThreadPoolExecutor(2, thread_name_prefix="testbed-jpeg")
         self.faults = FaultState(FaultSpec.coerce(faults))
@@ -195,6 +198,19 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _uvicorn_server(config: Any, stopping: threading.Event) -> Any:
+    """A ``uvicorn.Server`` for ``config`` that sets ``stopping`` as soon as it is asked to exit
+    (a signal, or :meth:`_UvicornThread.stop`), before it waits for open requests."""
+    import uvicorn
+
+    class _Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            stopping.set()
+            super().handle_exit(sig, frame)
+
+    return _Server(config)
+
+
 class _UvicornThread:
     """uvicorn on a pre-bound socket in a background thread."""
 
@@ -205,6 +221,7 @@ class _UvicornThread:
         *,
         ssl_certfile: str | None,
         ssl_keyfile: str | None,
+        stopping: threading.Event,
         log_level: str = "warning",
     ) -> None:
         import uvicorn
@@ -220,7 +237,8 @@ class _UvicornThread:
             timeout_graceful_shutdown=2,
             timeout_keep_alive=5,
         )
-        self.server = uvicorn.Server(config)
+        self.server = _uvicorn_server(config, stopping)
+        self.stopping = stopping
         self.sock = sock
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name="testbed-uvicorn", daemon=True)
@@ -243,6 +261,8 @@ class _UvicornThread:
             time.sleep(0.005)
 
     def stop(self) -> None:
+        # (not handle_exit: uvicorn would record a signal to re-raise)
+        self.stopping.set()
         self.server.should_exit = True
         self.thread.join(timeout=15)
         with contextlib.suppress(OSError):
@@ -344,6 +364,7 @@ def serve_testbed(
             sock,
             ssl_certfile=str(ssl_certfile) if ssl_certfile else None,
             ssl_keyfile=str(ssl_keyfile) if ssl_keyfile else None,
+            stopping=server.stopping,
         )
         runner.start()
         bound = sock.getsockname()
