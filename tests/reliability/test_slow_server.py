@@ -29,7 +29,8 @@ def test_ctrl_c_during_a_wait_exits_promptly_and_cleanly(wait: str, processes: i
     r = slow_server.sigint_case(wait, processes)
     assert r["was_waiting"], r["stderr_tail"]
     assert r["rc"] == 130, r["stderr_tail"]
-    assert r["exit_s"] < 5.0
+    # (a child blocked in the wait is stopped by SIGTERM after a 0.25 s grace: ~0.6 s in all)
+    assert r["exit_s"] < 2.0
     assert not r["traceback"], r["stderr_tail"]
 
 

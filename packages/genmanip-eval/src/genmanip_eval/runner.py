@@ -365,9 +365,17 @@ def _mean(values: list[float | None]) -> float | None:
 # ---------------------------------------------------------------------- processes
 
 
+def _interrupt_on_sigterm(signum: int, frame: Any) -> None:
+    # The parent's SIGTERM is this process's Ctrl-C: unwind like one (recordings closed, workers
+    # released), not die mid-write. A second SIGTERM ends the process.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    raise KeyboardInterrupt
+
+
 def _child_main(cfg: EvalConfig, wids: list[str], events: Any, stop: Any, index: int) -> None:
     """Entry point of a worker process (spawn): run, stream events, report the outcome."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; it sets ``stop``
+    signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
 
     def emit(kind: str, payload: dict[str, Any]) -> None:
         events.put((index, kind, payload))
@@ -377,6 +385,8 @@ def _child_main(cfg: EvalConfig, wids: list[str], events: Any, stop: Any, index:
     except GenmanipError as exc:
         events.put((index, "error", {"message": str(exc), "hint": exc.hint, "exit_code": int(exc.exit_code)}))
         return
+    except KeyboardInterrupt:
+        return  # stopped by the parent, which is no longer listening
     except BaseException as exc:
         events.put(
             (
@@ -493,9 +503,9 @@ def run_eval(
     finally:
         child_stop.set()
         # Ctrl-C must exit promptly: a child blocked in a long wait (a stalled reset, a slow step)
-        # only sees child_stop after it, so it gets a short grace, then SIGTERM (found by
-        # tests/reliability/test_slow_server.py: 15 s before).
-        deadline = time.monotonic() + (min(grace_s, 2.0) if interrupted else grace_s)
+        # only sees child_stop after it, so it gets a short grace, then SIGTERM, which it turns
+        # into its own Ctrl-C (found by tests/reliability/test_slow_server.py: 15 s, then 2 s).
+        deadline = time.monotonic() + (min(grace_s, 0.25) if interrupted else grace_s)
         for p in procs:
             p.join(max(0.0, deadline - time.monotonic()))
         for p in procs:
