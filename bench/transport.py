@@ -1,8 +1,8 @@
 """HTTP transport cost per call: gmp's HttpTransport against the alternatives.
 
 A uvicorn (httptools) server in a separate process answers POST /step with a 2.76 MB body (three
-480x640 RGB frames) to a small request; each client makes N calls and the median wall time per
-call is reported, with the ratio to HttpTransport. Codec cost is excluded on purpose.
+480x640 RGB frames) to a small request; the clients take turns, 10 calls each, until each made N calls, and the median
+wall time per call is reported, with the ratio to HttpTransport. Codec cost is excluded on purpose.
 
 Usage: python bench/transport.py [--calls N]
 """
@@ -46,16 +46,21 @@ def serve(port_file: str) -> None:
                 lifespan="off")
 
 
-def _time(fn: Callable[[], int], calls: int) -> float:
-    for _ in range(5):  # warm up (connections, caches)
-        fn()
-    samples = []
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        n = fn()
-        samples.append(time.perf_counter() - t0)
-        assert n == REPLY_BYTES, n
-    return statistics.median(samples) * 1000
+def _time_round_robin(clients: list[tuple[str, Callable[[], int]]], calls: int) -> list[tuple[str, float]]:
+    """Median ms per call of each client, measured in interleaved rounds of 10 calls so that the
+    machine's drift hits every client alike."""
+    for _, fn in clients:
+        for _ in range(5):  # warm up (connections, caches)
+            fn()
+    samples: dict[str, list[float]] = {name: [] for name, _ in clients}
+    for _ in range(max(1, calls // 10)):
+        for name, fn in clients:
+            for _ in range(10):
+                t0 = time.perf_counter()
+                n = fn()
+                samples[name].append(time.perf_counter() - t0)
+                assert n == REPLY_BYTES, (name, n)
+    return [(name, statistics.median(samples[name]) * 1000) for name, _ in clients]
 
 
 def main() -> int:
@@ -87,12 +92,13 @@ def main() -> int:
                     port = None
                     time.sleep(0.1)
             url = f"http://127.0.0.1:{port}"
-            results: list[tuple[str, float]] = []
+            skipped: list[str] = []
 
+            clients: list[tuple[str, Callable[[], int]]] = []
+            closers: list[Callable[[], None]] = []
             t = HttpTransport(url, timeout=30)
-            results.append(("gmp HttpTransport (keep-alive)",
-                            _time(lambda: len(t.post("/step", body=REQUEST).body), args.calls)))
-            t.close()
+            clients.append(("gmp HttpTransport (keep-alive)", lambda: len(t.post("/step", body=REQUEST).body)))
+            closers.append(t.close)
 
             conn = http.client.HTTPConnection("127.0.0.1", port)
 
@@ -100,21 +106,43 @@ def main() -> int:
                 conn.request("POST", "/step", body=REQUEST)
                 return len(conn.getresponse().read())
 
-            results.append(("bare http.client (keep-alive)", _time(raw, args.calls)))
-            conn.close()
+            clients.append(("bare http.client (keep-alive)", raw))
+            closers.append(conn.close)
+
+            try:
+                import urllib3
+            except ImportError:
+                skipped.append("urllib3")
+            else:
+                pool = urllib3.HTTPConnectionPool("127.0.0.1", port, maxsize=1)
+                clients.append(("urllib3 pool (keep-alive)",
+                                lambda: len(pool.request("POST", "/step", body=REQUEST).data)))
+                closers.append(pool.close)
+
+            try:
+                import httpx
+            except ImportError:
+                skipped.append("httpx")
+            else:
+                hc = httpx.Client(base_url=url)
+                clients.append(("httpx.Client (keep-alive)",
+                                lambda: len(hc.post("/step", content=REQUEST).content)))
+                closers.append(hc.close)
 
             try:
                 import requests
             except ImportError:
-                requests = None  # type: ignore[assignment]
-            if requests is not None:
-                s = requests.Session()
-                results.append(("requests.Session (.content)",
-                                _time(lambda: len(s.post(url + "/step", data=REQUEST).content), args.calls)))
-                s.close()
-                results.append(("requests.post, new connection per call (reference client)",
-                                _time(lambda: len(requests.post(url + "/step", data=REQUEST).content),
-                                      args.calls)))
+                skipped.append("requests")
+            else:
+                rs = requests.Session()
+                clients.append(("requests.Session (.content)",
+                                lambda: len(rs.post(url + "/step", data=REQUEST).content)))
+                closers.append(rs.close)
+                clients.append(("requests.post, new connection per call (reference client)",
+                                lambda: len(requests.post(url + "/step", data=REQUEST).content)))
+            results = _time_round_robin(clients, args.calls)
+            for close in closers:
+                close()
         finally:
             server.terminate()
             server.wait(10)
@@ -125,6 +153,8 @@ def main() -> int:
     print("|---|---:|---:|")
     for name, ms in results:
         print(f"| {name} | {ms:.2f} | {ms / base:.2f} |")
+    if skipped:
+        print(f"\nnot installed, not measured: {', '.join(skipped)} (`hatch run bench` has them)")
     return 0
 
 
