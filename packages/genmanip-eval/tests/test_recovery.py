@@ -145,6 +145,9 @@ def test_gives_up_after_max_recoveries_in_a_row(tmp_path: Path) -> None:
                 for _ in range(10):
                     e, _ = c.step(ZeroPolicy().get_action(e["0"]["obs"]))
             assert info.value.transient and c.stats["recoveries"] == 2 and c.stats["restarts"] == 2
+            assert info.value.hint is not None
+            assert "worker(s) 0 failed 2 times in a row" in info.value.hint
+            assert "same run id" in info.value.hint
 
 
 _DIE_AFTER_ENDING = """

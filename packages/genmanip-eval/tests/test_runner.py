@@ -121,6 +121,19 @@ def test_policy_error_in_process_is_reported(reach: Any, tmp_path: Path) -> None
         run_eval(cfg, grace_s=5)
 
 
+@pytest.mark.slow
+def test_giving_up_in_a_worker_process_keeps_its_hint(tmp_path: Path) -> None:
+    from genmanip_testbed import serve_testbed
+
+    faults = {"error_rate": 1.0, "errors": "503", "routes": ["step"]}
+    with serve_testbed(tasks="testbed/smoke", faults=faults) as tb:
+        cfg = EvalConfig(url=tb.url, worker_ids=["0", "1"], processes=2, max_recoveries=1,
+                         results_dir=str(tmp_path))
+        with pytest.raises(WorkerProcessError, match="HTTP 503") as info:
+            run_eval(cfg, grace_s=5)
+    assert info.value.hint is not None and "failed 1 time in a row" in info.value.hint
+
+
 def test_chunk_size_needs_chunk_policy(smoke: Any) -> None:
     with pytest.raises(PolicyError, match="get_action_chunk"):
         run_eval(EvalConfig(url=smoke.url, policy="zero", chunk_size=4, record=False))

@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 from urllib.parse import urlsplit
 
 from genmanip_protocol.codec import get_codec
@@ -1093,6 +1093,18 @@ class EvalClient:
         log.info("worker %s: episode %s restarted (%s)", wid, eid, reason)
         self._emit("episode_restarted", {"worker_id": wid, "episode_id": eid, "reason": reason})
 
+    def _give_up(self, exc: GenmanipError, wids: list[str]) -> NoReturn:
+        """Raise ``exc``, a transient failure the client will not recover from, saying why."""
+        if self.max_recoveries > 0:
+            worst = [w for w in wids if self._state[w].failures >= self.max_recoveries]
+            exc.hint = (
+                f"worker(s) {', '.join(worst)} failed {self.max_recoveries} "
+                f"time{'s' if self.max_recoveries != 1 else ''} in a row without "
+                "a successful step (max_recoveries); the server looks unwell. Finished episodes "
+                "are kept: run again with the same run id to do the rest"
+            )
+        raise exc
+
     def _count_failure(self, exc: GenmanipError, wids: list[str]) -> None:
         self.stats["recoveries"] += 1
         for w in wids:
@@ -1109,8 +1121,10 @@ class EvalClient:
         chunked: bool,
     ) -> None:
         failed = [w for w in exc.workers if w in per_worker]
-        if not exc.transient or not failed or not self._can_recover(failed):
+        if not exc.transient or not failed:
             raise exc
+        if not self._can_recover(failed):
+            self._give_up(exc, failed)
         self._count_failure(exc, failed)
         if not exc.sent:
             # Nothing reached the server: the workers are as they were. Wait until it answers.
@@ -1124,8 +1138,10 @@ class EvalClient:
                 self._apply_entry(wid, entry, first=False)
 
     def _recover_poll(self, exc: GenmanipError, ids: list[str]) -> None:
-        if not _transient(exc) or not self._can_recover(ids):
+        if not _transient(exc):
             raise exc
+        if not self._can_recover(ids):
+            self._give_up(exc, ids)
         self._count_failure(exc, ids)
         for wid in ids:
             # Nothing pending means the lost reply consumed the finished reset: the previous

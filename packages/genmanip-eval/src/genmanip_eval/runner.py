@@ -447,6 +447,7 @@ def run_eval(
     procs = []
     results: dict[int, dict[str, Any]] = {}
     failures: list[str] = []
+    hints: list[str] = []
     fail_code = ExitCode.FAILURE
     reported: set[int] = set()
     dead_since: dict[int, float] = {}
@@ -486,6 +487,8 @@ def run_eval(
                 failures.append(
                     f"worker process {index} (workers {','.join(groups[index])}) failed: {payload['message']}"
                 )
+                if payload.get("hint") and payload["hint"] not in hints:
+                    hints.append(payload["hint"])
                 if payload.get("traceback"):
                     log.error("%s", payload["traceback"])
                 fail_code = ExitCode(payload.get("exit_code", int(ExitCode.FAILURE)))
@@ -532,7 +535,7 @@ def run_eval(
     summary.complete = len(results) == len(procs) and all(r["complete"] for r in results.values())
     summary.elapsed_s = time.perf_counter() - t0
     if failures:
-        err = WorkerProcessError("; ".join(failures))
+        err = WorkerProcessError("; ".join(failures), hint="; ".join(hints) or None)
         err.summary = summary  # type: ignore[attr-defined]
         if fail_code != ExitCode.FAILURE:
             err.exit_code = fail_code  # type: ignore[misc]
