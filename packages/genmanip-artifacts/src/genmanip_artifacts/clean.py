@@ -267,19 +267,10 @@ def _fresh_locks(run_dir: Path, now: float) -> list[str]:
 
 
 def _iter_files(root: Path) -> Iterator[Path]:
-    stack = [root]
-    while stack:
-        d = stack.pop()
-        try:
-            with os.scandir(d) as it:
-                entries = list(it)
-        except OSError:
-            continue
-        for e in entries:
-            if e.is_dir(follow_symlinks=False):
-                stack.append(Path(e.path))
-            else:
-                yield Path(e.path)
+    """Every non-directory entry under ``root`` (symlinks included, never followed)."""
+    for p, st in _lstat_walk(root):
+        if not stat.S_ISDIR(st.st_mode):
+            yield p
 
 
 def _run_liveness(run_dir: Path, now: float) -> str | None:

@@ -119,6 +119,17 @@ def _robot_for(robot_id: str | None) -> RobotSpec | None:
         return None
 
 
+def _base_motion(value: Any, where: str) -> list[float] | None:
+    """A step's base motion as 3 numbers (None when the step has none); ValueError naming
+    ``where`` otherwise."""
+    if value is None:
+        return None
+    vals = _flatten_numbers(value, where)
+    if len(vals) != 3:
+        raise ValueError(f"{where}: expected 3 values, got {len(vals)}")
+    return vals
+
+
 def _flatten_numbers(value: Any, where: str) -> list[float]:
     """Flatten nested lists/arrays of numbers into one list of floats (NaN allowed, bools not)."""
     if isinstance(value, np.ndarray):
@@ -316,15 +327,9 @@ def _series_from_steps(
         act_rows.append(_flatten_numbers(act["action"], f"{where}: action.action"))
         act_t.append(step)
         act_lines.append(ln)
-        bm = act.get("base_motion")
-        if bm is None:
-            base_rows.append([0.0, 0.0, 0.0])
-        else:
-            vals = _flatten_numbers(bm, f"{where}: action.base_motion")
-            if len(vals) != 3:
-                raise ValueError(f"{where}: action.base_motion: expected 3 values, got {len(vals)}")
-            any_base = True
-            base_rows.append(vals)
+        bm = _base_motion(act.get("base_motion"), f"{where}: action.base_motion")
+        any_base = any_base or bm is not None
+        base_rows.append(bm or [0.0, 0.0, 0.0])
         is_rel.append(act.get("is_rel"))
         base_is_rel.append(act.get("base_is_rel"))
     if len(control_types) > 1:
@@ -431,15 +436,9 @@ def _series_from_meta(
         elif isinstance(arm, (list, tuple)):
             nested = nested or any(isinstance(a, (list, tuple, np.ndarray)) for a in arm)
         act_rows.append(_flatten_numbers(arm, f"{name}: model_output[{i}].arm_action"))
-        bm = out.get("base_motion")
-        if bm is None:
-            base_rows.append([0.0, 0.0, 0.0])
-        else:
-            vals = _flatten_numbers(bm, f"{name}: model_output[{i}].base_motion")
-            if len(vals) != 3:
-                raise ValueError(f"{name}: model_output[{i}].base_motion: expected 3 values")
-            any_base = True
-            base_rows.append(vals)
+        bm = _base_motion(out.get("base_motion"), f"{name}: model_output[{i}].base_motion")
+        any_base = any_base or bm is not None
+        base_rows.append(bm or [0.0, 0.0, 0.0])
     actions = _stack(act_rows, "model_output.arm_action", list(range(len(act_rows))), name)
     if not act_rows:
         actions = np.zeros((0, 0), dtype=np.float64)
