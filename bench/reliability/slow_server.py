@@ -6,7 +6,11 @@
   raise ``ResetTimeout`` naming the workers and the deadline, close to the deadline;
 * Ctrl-C: ``gmp eval`` (1 and 2 processes) receives SIGINT while it waits on a slow ``/step``, on a
   stalled reset, and on a server that accepts connections but never answers; it must exit 130
-  promptly with no traceback.
+  promptly with no traceback;
+* SIGTERM (what a batch scheduler sends) to the whole process group of a recording ``gmp eval
+  --processes 2``: exit 143 (``gmp: terminated``) promptly, no traceback, no process left, the
+  results tree intact, and the same run id finishes the job (an episode it cannot finish carries
+  INCOMPLETE with the reason).
 
 Usage: python bench/reliability/slow_server.py [--repeats 3]
 """
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import random
 import signal
 import socket
@@ -27,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _rel import md_table
-from checks import python_env
+from checks import check_run, find_run_dir, python_env
 
 
 def step_timeout_case(limit: float = 0.5, latency: float = 3.0) -> dict[str, Any]:
@@ -176,6 +181,64 @@ def sigint_case(wait: str, processes: int = 1, after: float = 0.5) -> dict[str, 
             "exit_s": round(elapsed, 2), "traceback": "Traceback" in err, "stderr_tail": err[-400:]}
 
 
+def sigterm_group_case(after_steps: int = 40) -> dict[str, Any]:
+    """SIGTERM to the process group of a recording ``gmp eval --processes 2`` once the server has
+    applied ``after_steps`` actions; then ``gmp eval`` again with the same run id."""
+    import os
+    import tempfile
+
+    from genmanip_testbed import serve_testbed
+
+    with tempfile.TemporaryDirectory(prefix="gmp-sigterm-") as tmp, \
+            serve_testbed(tasks="testbed/reach") as tb:
+        results = Path(tmp) / "results"
+        args = ["eval", "--url", tb.url, "--policy", "expert", "--worker-ids", "0,1,2,3",
+                "--processes", "2", "--results-dir", str(results), "--run-id", "term"]
+        with _children_start_with_default_sigint():
+            proc = subprocess.Popen([sys.executable, "-m", "genmanip", *args], stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.PIPE, env=python_env(), start_new_session=True)
+        limit = time.monotonic() + 120
+        while tb.stats.requests.get("/step", 0) < after_steps and proc.poll() is None \
+                and time.monotonic() < limit:
+            time.sleep(0.02)
+        running = proc.poll() is None
+        t0 = time.monotonic()
+        os.killpg(proc.pid, signal.SIGTERM)
+        _, err_b = proc.communicate(timeout=60)
+        elapsed = time.monotonic() - t0
+        left = True  # some process of the group is still alive (a worker, ffmpeg, a tracker)
+        gone_by = time.monotonic() + 5.0
+        while left and time.monotonic() < gone_by:
+            try:
+                os.killpg(proc.pid, 0)
+                time.sleep(0.05)
+            except ProcessLookupError:
+                left = False
+        err = err_b.decode("utf-8", "replace")
+        run_dir = find_run_dir(results)
+        chk = check_run(run_dir) if run_dir else None
+        again = subprocess.run([sys.executable, "-m", "genmanip", *args], capture_output=True, text=True,
+                               env=python_env(), timeout=300, check=False)
+        final = check_run(run_dir) if run_dir else None
+        reasons = {}
+        for eid, d in (final.incomplete.items() if final else ()):
+            try:
+                reasons[eid] = str(json.loads((d / "INCOMPLETE").read_text()).get("reason") or "")
+            except (OSError, ValueError, AttributeError):
+                reasons[eid] = ""
+    return {
+        "incomplete_reasons": reasons,
+        "was_running": running, "rc": proc.returncode, "exit_s": round(elapsed, 2),
+        "terminated": "gmp: terminated" in err, "traceback": "Traceback" in err,
+        "leaked": "leaked" in err, "left": left, "stderr_tail": err[-600:],
+        "problems": (chk.problems if chk else ["no run directory"]),
+        "rerun_rc": again.returncode, "rerun_tail": again.stderr[-600:],
+        "final_problems": (final.problems if final else ["no run directory"]),
+        "final_incomplete": len(final.incomplete) if final else -1,
+        "finished": len(final.finished) if final else 0,
+    }
+
+
 def startup_sigint_case(delay: float) -> dict[str, Any]:
     """SIGINT ``delay`` seconds after ``gmp eval`` was exec'ed: while Python starts, imports gmp and
     its handler, connects. Python's own handler is installed a few ms into start-up; before that a
@@ -237,6 +300,22 @@ def main(argv: list[str] | None = None) -> int:
     print("\n### Ctrl-C (SIGINT) while waiting\n")
     print(md_table(["waiting on", "processes", "exit code", "s from SIGINT to exit", "traceback", "verdict"],
                    rows))
+    rows = []
+    for i in range(3 * a.repeats):
+        after = 10 + 30 * i  # spread over the 16-episode job
+        r = sigterm_group_case(after_steps=after)
+        ok = (r["was_running"] and r["rc"] == 143 and r["terminated"] and not r["traceback"]
+              and not r["leaked"] and not r["left"] and r["exit_s"] < 5 and not r["problems"]
+              and r["rerun_rc"] == 0 and not r["final_problems"] and r["finished"] + r["final_incomplete"] == 16
+              and all(r["incomplete_reasons"].values()))
+        bad += not ok
+        rows.append([after, r["rc"], r["exit_s"], "yes" if r["traceback"] else "no",
+                     "yes" if r["left"] else "no", len(r["problems"]), r["rerun_rc"],
+                     f"{r['finished']}/16", r["final_incomplete"],
+                     "; ".join(sorted(set(r["incomplete_reasons"].values()))) or "-", "ok" if ok else "FAIL"])
+    print("\n### SIGTERM to the process group of a recording `gmp eval --processes 2`, then the same run id\n")
+    print(md_table(["after server steps", "exit code", "s to exit", "traceback", "process left",
+                    "tree problems", "re-run exit", "finished after re-run", "incomplete", "why", "verdict"], rows))
     print(f"\nverdict: {'PASS' if not bad else 'FAIL'}")
     return 0 if not bad else 1
 

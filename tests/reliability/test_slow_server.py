@@ -47,3 +47,20 @@ def test_ctrl_c_while_gmp_starts_never_shows_a_traceback() -> None:
             interrupted += r["rc"] == 130 and "gmp: interrupted" in r["stderr_tail"]
     # (not vacuous: most of the window is gmp's own start-up, even on a loaded machine)
     assert interrupted >= 3
+
+
+def test_sigterm_to_the_process_group_stops_cleanly_and_loses_nothing() -> None:
+    # What a batch scheduler (or `timeout`) does to a recording multi-process run.
+    r = slow_server.sigterm_group_case(after_steps=40)
+    assert r["was_running"], r["stderr_tail"]
+    assert r["rc"] == 143 and r["terminated"], r["stderr_tail"]
+    assert not r["traceback"] and not r["leaked"], r["stderr_tail"]
+    assert not r["left"]
+    assert r["exit_s"] < 5.0
+    assert r["problems"] == []
+    assert r["rerun_rc"] == 0, r["rerun_tail"]
+    assert r["final_problems"] == [] and r["finished"] + r["final_incomplete"] == 16
+    # Nothing lost silently: the only episodes the re-run may not finish are those whose result
+    # was in a /reset_result reply the signal cut short (the server hands a result out once): at
+    # most one per worker, each saying so.
+    assert r["final_incomplete"] <= 4 and all(r["incomplete_reasons"].values()), r["incomplete_reasons"]

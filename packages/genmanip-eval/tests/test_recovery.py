@@ -70,6 +70,48 @@ def test_lost_reply_to_the_ending_step_is_collected_not_replayed(tmp_path: Path)
     _assert_recorded(res / eid, NUM_STEPS)
 
 
+@pytest.mark.parametrize("reset_delay", [0.01, 3.0])
+def test_ctrl_c_during_the_ending_step_records_the_episode_instead_of_killing_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reset_delay: float
+) -> None:
+    """Ctrl-C / SIGTERM after the server ran an episode's last action, before its reply was
+    applied: close() asks the server before it kills anything. A finished reset hands over the
+    result at once; one still under way leaves the worker to the next client, which collects it."""
+    import genmanip_eval.client as client_mod
+
+    res = tmp_path / "results"
+    with serve_testbed(tasks=("testbed/smoke",), num_steps=NUM_STEPS, results_root=tmp_path / "srv",
+                       reset_delay=0.01) as tb:
+        c = EvalClient(tb.url, ["0"], record=True, results_dir=str(res))
+        e = _step_to(c, c.reset(), NUM_STEPS - 1)
+        eid = e["0"]["obs"]["episode_id"]
+        kills = tb.stats.requests.get("/kill", 0)
+        tb.server.core.cfg.reset_delay = reset_delay
+
+        def interrupted(*args: Any, **kwargs: Any) -> Any:
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(client_mod, "parse_step_response", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            c.step(ZeroPolicy().get_action(e["0"]["obs"]))
+        monkeypatch.undo()
+        time.sleep(0.1)
+        c.close()
+        assert tb.stats.steps_by_worker["0"] == NUM_STEPS
+        if reset_delay > 1:
+            # Still resetting: not killed, its result waits for the next client on worker 0.
+            assert tb.stats.requests.get("/kill", 0) == kills
+            assert (res / eid / "INCOMPLETE").exists()
+            tb.server.core.cfg.reset_delay = 0.01
+            with EvalClient(tb.url, ["0"], record=True, results_dir=str(res)) as c2:
+                c2.reset()
+                assert [r.episode_id for r in c2.episode_results] == [eid]
+        tb.wait_finalizes()
+        attempts = tb.stats.snapshot()["steps_by_attempt"]
+    assert attempts[eid] == [NUM_STEPS]
+    _assert_recorded(res / eid, NUM_STEPS)
+
+
 def test_uncertain_mid_episode_step_restarts_the_episode(tmp_path: Path) -> None:
     res = tmp_path / "results"
     events: list[tuple[str, dict[str, Any]]] = []

@@ -7,12 +7,14 @@ import http.server
 import json
 import logging
 import pickle
+import signal
 import socket
 import ssl
 import threading
 import time
 import urllib.parse
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from genmanip_protocol import transport as transport_mod
@@ -242,6 +244,25 @@ def test_timeout_names_route_and_limit(server: _Server) -> None:
         assert ei.value.maybe_executed
         # The late reply of the timed-out call must not be read as the next call's reply.
         assert t.get("/echo").json()["path"] == "/echo"
+
+
+def test_an_interrupted_exchange_never_leaves_its_connection_behind(server: _Server) -> None:
+    # Ctrl-C while the reply is on its way: the next request (a POST, never resent) must get
+    # a connection of its own, not fail on (or read) the abandoned exchange.
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        with HttpTransport(server.url, timeout=5) as t:
+            signal.setitimer(signal.ITIMER_REAL, 0.2)
+            with pytest.raises(KeyboardInterrupt):
+                t.post("/sleep", query={"s": "0.6"}, body=b"", route_name="/step")
+            assert t.post("/echo", body=b"x").json()["path"] == "/echo"
+            assert t.connections_opened == 2
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
 
 
 def test_status_error_carries_detail(server: _Server) -> None:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import signal
 from pathlib import Path
+from typing import Any
 
+import genmanip.cli as cli_pkg
 import pytest
 from genmanip.cli import _args
 from genmanip.cli import main as main_mod
@@ -95,6 +98,34 @@ def test_keyboard_interrupt_is_130(handlers: None, capsys: pytest.CaptureFixture
     assert "interrupted" in capsys.readouterr().err
 
 
+def test_an_error_after_a_signal_is_the_signal_not_a_bug(
+    handlers: None, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # numpy turns a Ctrl-C during its import into an ImportError: that is the Ctrl-C.
+    def handler(args: Any) -> None:
+        try:
+            cli_pkg._on_sigint(signal.SIGINT, None)
+        except KeyboardInterrupt:
+            raise ImportError("PyCapsule_Import could not import module 'datetime'") from None
+
+    monkeypatch.setattr(main_mod, "resolve_handler", lambda *a, **k: handler)
+    monkeypatch.setattr(cli_pkg, "_received", [])
+    assert main_mod.main(["ok"]) == ExitCode.INTERRUPTED
+    err = capsys.readouterr().err
+    assert "gmp: interrupted" in err and "internal error" not in err
+
+
+def test_sigterm_is_143(handlers: None, capsys: pytest.CaptureFixture[str],
+                        monkeypatch: pytest.MonkeyPatch) -> None:
+    def handler(args: Any) -> None:
+        cli_pkg._on_sigterm(signal.SIGTERM, None)
+
+    monkeypatch.setattr(main_mod, "resolve_handler", lambda *a, **k: handler)
+    monkeypatch.setattr(cli_pkg, "_received", [])
+    assert main_mod.main(["ok"]) == ExitCode.TERMINATED == 143
+    assert "gmp: terminated" in capsys.readouterr().err
+
+
 def test_unexpected_exception_is_internal_traceback_only_with_v(
     handlers: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -158,7 +189,8 @@ def test_exit_code_table_matches_enum() -> None:
     assert main_mod._USAGE == ExitCode.USAGE
     assert main_mod._NOT_INSTALLED == ExitCode.NOT_INSTALLED
     assert main_mod._INTERNAL == ExitCode.INTERNAL
-    assert main_mod._INTERRUPTED == ExitCode.INTERRUPTED
+    assert cli_pkg._INTERRUPTED == ExitCode.INTERRUPTED
+    assert cli_pkg._TERMINATED == ExitCode.TERMINATED
     epilog = build_parser().epilog or ""
     for code in ExitCode:
         assert f"{int(code)} " in epilog

@@ -184,6 +184,9 @@ class _WorkerState:
     #: actions of a failed request that turned out to have ended the episode, recorded once the
     #: result confirms it: (actions, meta, chunked)
     unconfirmed: tuple[list[dict[str, Any]], Mapping[str, Any], bool] | None = None
+    #: actions of a request cut short by Ctrl-C / SIGTERM before its reply was applied, same form
+    #: (close() asks the server whether it ended the episode before killing the worker)
+    in_flight: tuple[list[dict[str, Any]], Mapping[str, Any], bool] | None = None
     episode_id: str | None = None
     robot: RobotSpec | None = None
     timing: StepTiming = field(default_factory=StepTiming)
@@ -771,6 +774,8 @@ class EvalClient:
             st.lock_lost = False
             st.stopped_early = False
         if per_worker:
+            for wid, sent in per_worker.items():
+                self._state[wid].in_flight = (sent, (meta or {}).get(wid) or {}, norm.chunk)
             try:
                 if norm.chunk:
                     self._step_chunks(per_worker, meta or {})
@@ -778,6 +783,12 @@ class EvalClient:
                     self._step_single(per_worker, meta or {})
             except StepError as exc:
                 self._recover_step(exc, per_worker, meta or {}, chunked=norm.chunk)
+            except KeyboardInterrupt:
+                raise  # the unanswered workers keep in_flight: close() asks what became of them
+            except BaseException:
+                self._clear_in_flight()
+                raise
+            self._clear_in_flight()
         self._settle(block=not any(self._actionable(w) for w in self.worker_ids))
         return self.entries(), self.done
 
@@ -884,6 +895,9 @@ class EvalClient:
                 chunk_size=len(per_worker[wid]),
             )
         if errors:
+            for e in errors.values():
+                if not isinstance(e, Exception):  # Ctrl-C / SIGTERM while waiting: not a failure
+                    raise e
             first = next(iter(errors.values()))
             if isinstance(first, StepError):
                 first.workers = list(errors)
@@ -904,6 +918,7 @@ class EvalClient:
         st = self._state[wid]
         st.timing = timing
         st.failures = 0
+        st.in_flight = None
         self._record_executed(wid, executed, meta.get(wid) or {}, chunked=chunked, chunk_size=chunk_size)
         self._apply_entry(wid, entry, first=False)
 
@@ -1038,18 +1053,18 @@ class EvalClient:
             self._state[w].failures < self.max_recoveries for w in wids
         )
 
-    def _probe(self, wid: str) -> WorkerEntry | None:
+    def _probe(self, wid: str, *, quick: bool = False) -> WorkerEntry | None:
         """``/reset_result`` for one worker: its entry if a reset is under way or finished (a
         finished one is consumed and returned), None if it has nothing pending (it is mid-episode,
-        unknown to the server, or the server has no job). Transient failures are retried."""
+        unknown to the server, or the server has no job). Transient failures are retried, unless
+        ``quick`` (one attempt of at most 3 s: the process is stopping)."""
+        limit = min(3.0, self.timeouts["reset_result"]) if quick else self.timeouts["reset_result"]
 
         def call() -> Any:
-            return self._wire_call(
-                self.http, "/reset_result", {"worker_ids": [wid]}, timeout=self.timeouts["reset_result"]
-            )[0]
+            return self._wire_call(self.http, "/reset_result", {"worker_ids": [wid]}, timeout=limit)[0]
 
         try:
-            data = retry_call(
+            data = call() if quick else retry_call(
                 call,
                 # (the real "no pending" answer is a 500 naming ValueError: not transient)
                 retry_on=_transient,
@@ -1093,6 +1108,44 @@ class EvalClient:
         log.info("worker %s: episode %s restarted (%s)", wid, eid, reason)
         self._emit("episode_restarted", {"worker_id": wid, "episode_id": eid, "reason": reason})
 
+    def _clear_in_flight(self) -> None:
+        for st in self._state.values():
+            st.in_flight = None
+
+    def _settle_in_flight(self) -> None:
+        """Before ``close()`` kills anything: a worker whose request was cut short by Ctrl-C or
+        SIGTERM may have had its episode ended by that request. Ask the server (one quick
+        ``/reset_result``); if it did, record the episode (its result now, or by the next client
+        on that worker id) instead of killing the worker, which would discard the result."""
+        for wid, st in self._state.items():
+            if st.in_flight is None:
+                continue
+            acts, meta, chunked = st.in_flight
+            st.in_flight = None
+            try:
+                entry = self._probe(wid, quick=True)
+                if entry is None:
+                    continue  # still mid-episode: the kill re-queues it
+                if not entry.reset_pending:
+                    st.unconfirmed = (list(acts), meta, chunked)
+                elif chunked:
+                    # Ended within the chunk, result to come: how many of the chunk's actions ran
+                    # is unknown. The next client collects the result into the INCOMPLETE marker.
+                    self._abort_recording(
+                        wid,
+                        "stopped during this episode's last /step_chunk, which ended it on the "
+                        "server: how many of that chunk's actions ran is unknown",
+                    )
+                    st.awaiting = True
+                else:
+                    # The single action ran and ended the episode: it is recorded; the result
+                    # comes with the next client's /reset_result (the worker is left resetting).
+                    self._record_executed(wid, list(acts), meta, chunked=False)
+                self._apply_entry(wid, entry, first=False)
+                log.info("worker %s: the interrupted request ended episode %s", wid, st.episode_id)
+            except GenmanipError as exc:
+                log.warning("worker %s: cannot settle its interrupted request: %s", wid, exc)
+
     def _give_up(self, exc: GenmanipError, wids: list[str]) -> NoReturn:
         """Raise ``exc``, a transient failure the client will not recover from, saying why."""
         if self.max_recoveries > 0:
@@ -1121,6 +1174,8 @@ class EvalClient:
         chunked: bool,
     ) -> None:
         failed = [w for w in exc.workers if w in per_worker]
+        for w in failed:
+            self._state[w].in_flight = None  # (settled below, or the error stands)
         if not exc.transient or not failed:
             raise exc
         if not self._can_recover(failed):
@@ -1261,6 +1316,7 @@ class EvalClient:
         self._closed = True
         try:
             if self.kill_on_close and self._started and not self.done:
+                self._settle_in_flight()
                 kept = [w for w, st in self._state.items() if st.pending and st.awaiting]
                 doomed = [w for w, st in self._state.items() if not st.finished and w not in kept]
                 if kept:

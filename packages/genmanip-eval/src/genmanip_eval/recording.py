@@ -519,10 +519,10 @@ class Recorder:
 
     # ------------------------------------------------------------ writer thread
 
-    def _fail(self, exc: BaseException) -> None:
+    def _fail(self, exc: BaseException, note: str = "") -> None:
         if self._error is None:
             self._error = exc
-            log.error("recording failed: %s", exc)
+            log.error("recording failed: %s%s", exc, f"; {note}" if note else "")
 
     def _writer_loop(self) -> None:
         while True:
@@ -663,8 +663,9 @@ class Recorder:
                 pid = marker.name.split(".")[2]
                 if str(info["episode"]["worker_id"]) not in self._orphan_workers:
                     continue
-                if (pid.isdigit() and int(pid) == os.getpid()) or _owner_alive(
-                    int(pid) if pid.isdigit() else None, info.get("host")
+                if not info.get("parked") and (
+                    (pid.isdigit() and int(pid) == os.getpid())
+                    or _owner_alive(int(pid) if pid.isdigit() else None, info.get("host"))
                 ):
                     continue
                 eid = str(info["episode"]["episode_id"])
@@ -705,6 +706,14 @@ class Recorder:
         """Close an episode whose result is still awaited, keeping what finishing it needs."""
         self._close_files(ep)
         if ep.directory.is_dir():
+            marker = ep.directory / _awaiting_name(os.getpid())
+            try:
+                # Released: this recorder never touches the episode again, so the next client on
+                # the worker may finish it even from this same (still running) process.
+                info = json.loads(marker.read_text())
+                atomic_write_json(marker, {**info, "parked": True}, fsync=False)
+            except (OSError, ValueError) as exc:
+                log.debug("cannot release %s: %s", marker, exc)
             atomic_write_json(
                 ep.directory / "INCOMPLETE",
                 {
@@ -741,9 +750,11 @@ class Recorder:
                 e = info["episode"]
                 if str(e["episode_id"]) != result.episode_id:
                     raise ValueError(f"it is for {e['episode_id']}")
-                if pid.isdigit() and int(pid) == os.getpid():
+                if info.get("parked"):
+                    pass  # released by a recorder that closed
+                elif pid.isdigit() and int(pid) == os.getpid():
                     raise ValueError("it belongs to this process")
-                if _owner_alive(int(pid) if pid.isdigit() else None, info.get("host")):
+                elif _owner_alive(int(pid) if pid.isdigit() else None, info.get("host")):
                     raise ValueError("the recorder that wrote it is still running")
                 ep = _Episode.from_note(e, directory, run_dir)
                 cams = [str(c) for c in info["cameras"]]
@@ -950,7 +961,9 @@ class Recorder:
                     continue
                 self._transcode(*item)
             except BaseException as exc:
-                self._fail(exc)
+                # (also what a Ctrl-C or SIGTERM to the process group does to a running ffmpeg)
+                self._fail(exc, f"the result of {item[0].episode_id} is kept: its videos are made "
+                                "when the run is resumed with the same run id")
             finally:
                 with self._busy_cv:
                     d = item[0].directory

@@ -366,9 +366,10 @@ def _mean(values: list[float | None]) -> float | None:
 
 
 def _interrupt_on_sigterm(signum: int, frame: Any) -> None:
-    # The parent's SIGTERM is this process's Ctrl-C: unwind like one (recordings closed, workers
-    # released), not die mid-write. A second SIGTERM ends the process.
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # The parent's SIGTERM (or a scheduler's, sent to the whole process group) is this process's
+    # Ctrl-C: unwind like one (recordings closed, workers released), not die mid-write. Later
+    # ones are ignored so the unwinding can finish; the parent's SIGKILL, 5 s on, is the backstop.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise KeyboardInterrupt
 
 

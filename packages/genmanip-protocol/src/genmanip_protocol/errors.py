@@ -59,6 +59,8 @@ class ExitCode(enum.IntEnum):
     INTERNAL = 70
     #: Interrupted by Ctrl-C.
     INTERRUPTED = 130
+    #: Stopped by SIGTERM (a batch scheduler, ``kill``, ``timeout``), after cleaning up like Ctrl-C.
+    TERMINATED = 143
 
 
 class GenmanipError(Exception):

@@ -370,6 +370,11 @@ class HttpTransport:
                         sent=True,
                         maybe_executed=True,
                     ) from exc
+                except BaseException:
+                    # Ctrl-C (or anything else) mid-exchange: the reply may still be on its way,
+                    # so this connection can never carry another request.
+                    self._drop()
+                    raise
                 break
             status, reason, rheaders, data, will_close = resp
             elapsed = time.perf_counter() - t0

@@ -4,7 +4,7 @@ This module is the single place where exceptions become exit codes:
 
 * :class:`genmanip_protocol.errors.GenmanipError` -> ``gmp: error: <message>`` (+ ``hint: ...``)
   on stderr and the exception's ``exit_code``;
-* :class:`KeyboardInterrupt` -> 130;
+* :class:`KeyboardInterrupt` -> 130 (``gmp: interrupted``), SIGTERM (:class:`Terminated`) -> 143;
 * a missing handler package -> an install hint and ``ExitCode.NOT_INSTALLED`` (3);
 * anything else is a bug -> a one-line message and ``ExitCode.INTERNAL`` (70); the traceback is
   printed with ``-v``.
@@ -22,6 +22,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import TextIO
 
+from . import interrupted_code, stopped_by_signal
 from .parser import build_parser
 
 __all__ = ["configure_logging", "console_main", "main", "resolve_handler"]
@@ -31,7 +32,6 @@ __all__ = ["configure_logging", "console_main", "main", "resolve_handler"]
 _USAGE = 2
 _NOT_INSTALLED = 3
 _INTERNAL = 70
-_INTERRUPTED = 130
 
 _log = logging.getLogger("genmanip.cli")
 
@@ -130,9 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # --help, --version, usage errors
         code = exc.code
         return code if isinstance(code, int) else (0 if code is None else _USAGE)
-    except KeyboardInterrupt:
-        sys.stderr.write("\ngmp: interrupted\n")
-        return _INTERRUPTED
+    except KeyboardInterrupt as exc:
+        return interrupted_code(exc)
 
     verbose = int(getattr(args, "verbose", 0) or 0)
     quiet = bool(getattr(args, "quiet", False))
@@ -149,10 +148,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except HandlerNotInstalled as exc:
         _print_error(exc.message)
         return _NOT_INSTALLED
-    except KeyboardInterrupt:
-        sys.stderr.write("\ngmp: interrupted\n")
-        sys.stderr.flush()
-        return _INTERRUPTED
+    except KeyboardInterrupt as exc:
+        return interrupted_code(exc)
     except BrokenPipeError:
         # `gmp leaderboard list | head`: the reader went away; not an error worth a traceback.
         _silence_stdout()
@@ -167,6 +164,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return int(exc.exit_code)  # type: ignore[attr-defined]
         if not isinstance(exc, Exception):
             raise
+        signalled = stopped_by_signal()
+        if signalled is not None:
+            if verbose >= 1:
+                traceback.print_exc(file=sys.stderr)
+            return interrupted_code(signalled)
         if verbose >= 1:
             traceback.print_exc(file=sys.stderr)
         _print_error(

@@ -53,12 +53,13 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
     (10, "nothing to do"),
     (70, "internal error (a bug in gmp; rerun with -v for the traceback)"),
     (130, "interrupted (Ctrl-C)"),
+    (143, "terminated (SIGTERM), after cleaning up like Ctrl-C"),
 )
 
 _EPILOG = """\
 exit codes: 0 ok, 1 failure, 2 usage, 3 package not installed, 4 invalid input,
 5 server error, 6 unreachable, 7 timeout, 8 auth, 9 refused, 10 nothing to do,
-70 internal error, 130 interrupted.  Docs: docs/cli.md
+70 internal error, 130 interrupted, 143 terminated.  Docs: docs/cli.md
 """
 
 
