@@ -294,6 +294,9 @@ def main(argv: list[str] | None = None) -> int:
     in_python = sum(r["python_startup"] for r in starts)
     ok = tracebacks == 0
     bad += not ok
+    for r in starts:
+        if r["traceback"]:
+            print(f"start-up SIGINT after {r['delay']:.3f} s, exit {r['rc']}:\n{r['stderr_tail']}", file=sys.stderr)
     rows.append(["start-up (0-0.6 s after exec)", f"1 ({len(starts)} times)", "/".join(map(str, codes)),
                  "-", f"{tracebacks} of {len(starts)} (+{in_python} before gmp's entry point ran)",
                  "ok" if ok else "FAIL"])

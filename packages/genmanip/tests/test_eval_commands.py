@@ -17,17 +17,24 @@ from genmanip_testbed import serve_testbed
 
 KILLER = """
 import os, signal, time
+from pathlib import Path
 from genmanip_eval.policy import ZeroPolicy
 
 class Killer:
-    def __init__(self, at="10", wait="0"):
+    def __init__(self, at="10", wait="0", results=""):
         self.at, self.wait, self.n, self.zero = int(at), float(wait), 0, ZeroPolicy()
+        self.results = Path(results) if results else None
     def reset(self):
         pass
     def get_action(self, obs):
         self.n += 1
         if self.n >= self.at:
-            time.sleep(self.wait)  # let the finished episode's transcode complete
+            # let the finished episode's transcode complete (however loaded the machine is)
+            deadline = time.monotonic() + 120
+            while self.results is not None and time.monotonic() < deadline \\
+                    and not any(self.results.rglob("result.json")):
+                time.sleep(0.05)
+            time.sleep(self.wait)
             os.kill(os.getpid(), signal.SIGKILL)
         return self.zero.get_action(obs)
 
@@ -130,7 +137,8 @@ def test_sigkill_mid_episode_keeps_finished_episodes(tmp_path: Path) -> None:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), *sys.path]))
         proc = subprocess.Popen(
             [sys.executable, "-m", "genmanip", "eval", "--url", tb.url, "--results-dir", str(res),
-             "--policy", "killer_policy:killer", "--policy-arg", "at=7", "--policy-arg", "wait=3"],
+             "--policy", "killer_policy:killer", "--policy-arg", "at=7",
+             "--policy-arg", f"results={res}"],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )
         _, err = proc.communicate(timeout=120)

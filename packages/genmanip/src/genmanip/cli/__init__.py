@@ -61,13 +61,19 @@ def console_main() -> None:
     import signal
     import sys
 
+    handled = [signal.SIGTERM]
     try:
         signal.signal(signal.SIGTERM, _on_sigterm)
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # (not when ignored)
             signal.signal(signal.SIGINT, _on_sigint)
+            handled.append(signal.SIGINT)
         from .main import main
 
         code = main()
     except KeyboardInterrupt as exc:
         code = interrupted_code(exc)
+    # gmp has said how it ended: a signal from here on (interpreter teardown) just ends the
+    # process, without a KeyboardInterrupt traceback after the final message.
+    for sig in handled:
+        signal.signal(sig, signal.SIG_DFL)
     sys.exit(code)
