@@ -178,6 +178,42 @@ def test_lost_reply_to_the_ending_chunk_keeps_the_server_result(tmp_path: Path) 
     assert "not counted as recorded" in info["server_note"]
 
 
+def test_ctrl_c_during_the_ending_chunk_keeps_the_worker_for_the_server_result(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import genmanip_eval.client as client_mod
+
+    res = tmp_path / "results"
+    with serve_testbed(tasks=("testbed/smoke",), num_steps=NUM_STEPS, results_root=tmp_path / "srv",
+                       reset_delay=0.01) as tb:
+        c = EvalClient(tb.url, ["0"], record=True, results_dir=str(res))
+        e = _step_to(c, c.reset(), 3)
+        eid = e["0"]["obs"]["episode_id"]
+        kills = tb.stats.requests.get("/kill", 0)
+        tb.server.core.cfg.reset_delay = 3.0
+
+        def interrupted(*args: Any, **kwargs: Any) -> Any:
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(client_mod, "parse_chunk_response", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            c.step([ZeroPolicy().get_action(e["0"]["obs"])] * 4)  # runs 3 of 4, ends
+        monkeypatch.undo()
+        time.sleep(0.1)
+        c.close()
+        assert tb.stats.requests.get("/kill", 0) == kills  # left resetting, result held
+        tb.server.core.cfg.reset_delay = 0.01
+        with EvalClient(tb.url, ["0"], record=True, results_dir=str(res)) as c2:
+            c2.reset()
+            assert [r.episode_id for r in c2.episode_results] == [eid]
+        tb.wait_finalizes()
+        attempts = tb.stats.snapshot()["steps_by_attempt"]
+    assert attempts[eid] == [NUM_STEPS]
+    info = json.loads((res / eid / "INCOMPLETE").read_text())
+    assert "how many of that chunk's actions ran is unknown" in info["reason"]
+    assert info["server_result"]["score"] == pytest.approx(0.0, abs=1.0)
+
+
 def test_gives_up_after_max_recoveries_in_a_row(tmp_path: Path) -> None:
     with serve_testbed(tasks=("testbed/smoke",), num_steps=NUM_STEPS, results_root=tmp_path / "srv") as tb:
         with EvalClient(tb.url, ["0"], max_recoveries=2) as c:
