@@ -50,6 +50,37 @@ def _assert_recorded(d: Path, steps: int) -> None:
     assert d.name in seeds
 
 
+def _interrupt_then_hand_over(
+    tb: Any, c: EvalClient, res: Path, monkeypatch: pytest.MonkeyPatch, parser: str,
+    actions: Any, eid: str, reset_delay: float,
+) -> None:
+    """Ctrl-C arrives once the server has answered ``actions`` (the episode's end), before the
+    client applies the reply (``parser`` raises); then ``close()``. A reset still under way
+    (``reset_delay`` > 1 s) must leave the worker unkilled for the next client, which collects
+    the result."""
+    import genmanip_eval.client as client_mod
+
+    kills = tb.stats.requests.get("/kill", 0)
+    tb.server.core.cfg.reset_delay = reset_delay
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(client_mod, parser, interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        c.step(actions)
+    monkeypatch.undo()
+    time.sleep(0.1)
+    c.close()
+    if reset_delay > 1:
+        assert tb.stats.requests.get("/kill", 0) == kills  # left resetting, result held
+        assert (res / eid / "INCOMPLETE").exists()
+        tb.server.core.cfg.reset_delay = 0.01
+        with EvalClient(tb.url, ["0"], record=True, results_dir=str(res)) as c2:
+            c2.reset()
+            assert [r.episode_id for r in c2.episode_results] == [eid]
+
+
 def test_lost_reply_to_the_ending_step_is_collected_not_replayed(tmp_path: Path) -> None:
     res = tmp_path / "results"
     with serve_testbed(tasks=("testbed/smoke",), num_steps=NUM_STEPS, results_root=tmp_path / "srv") as tb:
@@ -77,35 +108,15 @@ def test_ctrl_c_during_the_ending_step_records_the_episode_instead_of_killing_it
     """Ctrl-C / SIGTERM after the server ran an episode's last action, before its reply was
     applied: close() asks the server before it kills anything. A finished reset hands over the
     result at once; one still under way leaves the worker to the next client, which collects it."""
-    import genmanip_eval.client as client_mod
-
     res = tmp_path / "results"
     with serve_testbed(tasks=("testbed/smoke",), num_steps=NUM_STEPS, results_root=tmp_path / "srv",
                        reset_delay=0.01) as tb:
         c = EvalClient(tb.url, ["0"], record=True, results_dir=str(res))
         e = _step_to(c, c.reset(), NUM_STEPS - 1)
         eid = e["0"]["obs"]["episode_id"]
-        kills = tb.stats.requests.get("/kill", 0)
-        tb.server.core.cfg.reset_delay = reset_delay
-
-        def interrupted(*args: Any, **kwargs: Any) -> Any:
-            raise KeyboardInterrupt
-
-        monkeypatch.setattr(client_mod, "parse_step_response", interrupted)
-        with pytest.raises(KeyboardInterrupt):
-            c.step(ZeroPolicy().get_action(e["0"]["obs"]))
-        monkeypatch.undo()
-        time.sleep(0.1)
-        c.close()
+        _interrupt_then_hand_over(tb, c, res, monkeypatch, "parse_step_response",
+                                  ZeroPolicy().get_action(e["0"]["obs"]), eid, reset_delay)
         assert tb.stats.steps_by_worker["0"] == NUM_STEPS
-        if reset_delay > 1:
-            # Still resetting: not killed, its result waits for the next client on worker 0.
-            assert tb.stats.requests.get("/kill", 0) == kills
-            assert (res / eid / "INCOMPLETE").exists()
-            tb.server.core.cfg.reset_delay = 0.01
-            with EvalClient(tb.url, ["0"], record=True, results_dir=str(res)) as c2:
-                c2.reset()
-                assert [r.episode_id for r in c2.episode_results] == [eid]
         tb.wait_finalizes()
         attempts = tb.stats.snapshot()["steps_by_attempt"]
     assert attempts[eid] == [NUM_STEPS]
@@ -181,31 +192,15 @@ def test_lost_reply_to_the_ending_chunk_keeps_the_server_result(tmp_path: Path) 
 def test_ctrl_c_during_the_ending_chunk_keeps_the_worker_for_the_server_result(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import genmanip_eval.client as client_mod
-
     res = tmp_path / "results"
     with serve_testbed(tasks=("testbed/smoke",), num_steps=NUM_STEPS, results_root=tmp_path / "srv",
                        reset_delay=0.01) as tb:
         c = EvalClient(tb.url, ["0"], record=True, results_dir=str(res))
         e = _step_to(c, c.reset(), 3)
         eid = e["0"]["obs"]["episode_id"]
-        kills = tb.stats.requests.get("/kill", 0)
-        tb.server.core.cfg.reset_delay = 3.0
-
-        def interrupted(*args: Any, **kwargs: Any) -> Any:
-            raise KeyboardInterrupt
-
-        monkeypatch.setattr(client_mod, "parse_chunk_response", interrupted)
-        with pytest.raises(KeyboardInterrupt):
-            c.step([ZeroPolicy().get_action(e["0"]["obs"])] * 4)  # runs 3 of 4, ends
-        monkeypatch.undo()
-        time.sleep(0.1)
-        c.close()
-        assert tb.stats.requests.get("/kill", 0) == kills  # left resetting, result held
-        tb.server.core.cfg.reset_delay = 0.01
-        with EvalClient(tb.url, ["0"], record=True, results_dir=str(res)) as c2:
-            c2.reset()
-            assert [r.episode_id for r in c2.episode_results] == [eid]
+        _interrupt_then_hand_over(tb, c, res, monkeypatch, "parse_chunk_response",
+                                  [ZeroPolicy().get_action(e["0"]["obs"])] * 4,  # runs 3 of 4, ends
+                                  eid, 3.0)
         tb.wait_finalizes()
         attempts = tb.stats.snapshot()["steps_by_attempt"]
     assert attempts[eid] == [NUM_STEPS]

@@ -164,13 +164,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return int(exc.exit_code)  # type: ignore[attr-defined]
         if not isinstance(exc, Exception):
             raise
-        signalled = stopped_by_signal()
-        if signalled is not None:
-            if verbose >= 1:
-                traceback.print_exc(file=sys.stderr)
-            return interrupted_code(signalled)
         if verbose >= 1:
             traceback.print_exc(file=sys.stderr)
+        signalled = stopped_by_signal()
+        if signalled is not None:
+            return interrupted_code(signalled)
         _print_error(
             f"internal error in '{args.command}': {type(exc).__name__}: {exc}",
             None if verbose else "this is a bug in gmp; rerun with -v for the traceback and report it",
