@@ -83,7 +83,7 @@ def baseline_overlay(ep: Path, out: Path, n_frames: int) -> tuple[float, float]:
     from genmanip_artifacts.episode import load_series
     from genmanip_artifacts.overlay import frame_timesteps, plan_layout
     from genmanip_artifacts.panels import action_panels, state_panels
-    from genmanip_protocol.video import VideoWriter, probe_video, read_video_frames
+    from genmanip_results.video import VideoWriter, probe_video, read_video_frames
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from PIL import Image

@@ -1,4 +1,4 @@
-"""Cost of results discovery and action validation (genmanip_protocol.results / .schema).
+"""Cost of results discovery and action validation (genmanip_results.discovery / .schema).
 
 Builds a server-layout run of TASKS x SEEDS episodes in a temp dir and times:
 
@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from genmanip_protocol.results import RunScanner, find_runs
 from genmanip_protocol.schema import validate_action
+from genmanip_results.discovery import RunScanner, find_runs
 
 
 def build(root: Path, tasks: int, seeds: int) -> Path:

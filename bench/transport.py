@@ -74,7 +74,7 @@ def main() -> int:
 
     import tempfile
 
-    from genmanip_protocol.transport import HttpTransport
+    from genmanip_runtime.transport import HttpTransport
 
     with tempfile.TemporaryDirectory() as tmp:
         port_file = f"{tmp}/port"

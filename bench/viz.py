@@ -37,7 +37,7 @@ def synth_episode(root: Path, steps: int) -> Path:
 
 
 def time_build(ep_dir: Path, repeats: int) -> tuple[float, int, int]:
-    from genmanip_protocol.results import load_episode
+    from genmanip_results.discovery import load_episode
     from genmanip_viz.recording import build_recording
 
     ep = load_episode(ep_dir)

@@ -66,7 +66,7 @@ def _video_frames(path: Path) -> int:
     """Decode every frame (ffmpeg to the null muxer, errors fatal); return the frame count."""
     import subprocess
 
-    from genmanip_protocol.video import ffmpeg_executable, video_info
+    from genmanip_results.video import ffmpeg_executable, video_info
 
     res = subprocess.run([ffmpeg_executable(), "-nostdin", "-v", "error", "-xerror", "-i", str(path),
                           "-f", "null", "-"], capture_output=True, timeout=120, check=False)

@@ -27,7 +27,7 @@ from _rel import md_table
 
 
 def _writer(task_dir: str, proc: int, merges: int, start: Any) -> None:
-    from genmanip_protocol.atomic import merge_json
+    from genmanip_runtime.atomic import merge_json
 
     d = Path(task_dir)
     start.wait()

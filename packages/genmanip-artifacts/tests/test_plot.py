@@ -15,7 +15,7 @@ from genmanip_artifacts.overlay import frame_timesteps, plan_layout, write_overl
 from genmanip_artifacts.panels import action_panels, state_panels
 from genmanip_artifacts.plot import PLOT_LOG_SIGNATURE
 from genmanip_artifacts.render import render_cursor_panel
-from genmanip_protocol.video import read_video_frames, video_info
+from genmanip_results.video import read_video_frames, video_info
 from PIL import Image
 
 SMALL = {"left_camera": (64, 48), "right_camera": (64, 48)}
@@ -178,7 +178,7 @@ def test_plot_layout_even_and_bounded() -> None:
 
 
 def test_reader_scales_while_decoding(tmp_path: Path) -> None:
-    """The overlay asks ffmpeg for frames at their final size (genmanip_protocol.video)."""
+    """The overlay asks ffmpeg for frames at their final size (genmanip_results.video)."""
     ep = _small_episode(tmp_path)
     frames = list(read_video_frames(ep / "left_camera.mp4", size=(32, 24)))
     assert len(frames) == 6

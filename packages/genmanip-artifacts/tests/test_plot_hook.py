@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from genmanip_artifacts import PlotHook
 from genmanip_eval import EvalConfig, load_episode_hook, run_workers
-from genmanip_protocol.results import find_runs
+from genmanip_results.discovery import find_runs
 from genmanip_testbed import serve_testbed
 
 

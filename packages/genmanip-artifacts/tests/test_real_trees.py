@@ -15,8 +15,8 @@ from genmanip_artifacts import load_series, plot_episode
 from genmanip_artifacts.overlay import frame_timesteps
 from genmanip_eval.runner import EvalConfig, run_eval
 from genmanip_protocol.errors import ExitCode
-from genmanip_protocol.results import find_runs
-from genmanip_protocol.video import probe_video
+from genmanip_results.discovery import find_runs
+from genmanip_results.video import probe_video
 from genmanip_testbed import serve_testbed
 
 pytestmark = pytest.mark.slow

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 from genmanip_eval import EvalClient, ResetTimeout, StepError, StepTimeout, ZeroPolicy
-from genmanip_protocol.errors import AuthError, ConnectError, ExitCode, ValidationError
+from genmanip_protocol.errors import ExitCode, ValidationError
+from genmanip_runtime.errors import AuthError, ConnectError
 from genmanip_testbed import serve_testbed
 from stub_server import EID, PENDING, obs, pickled, stub_server
 

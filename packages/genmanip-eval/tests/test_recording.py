@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from genmanip_eval.errors import EpisodeIdError, RecordingError
 from genmanip_eval.recording import Recorder, camera_name, iter_frame_file, resolve_results_root
-from genmanip_protocol.atomic import merge_json
 from genmanip_protocol.codec import JpegFrame, Observation
 from genmanip_protocol.schema import EpisodeResult
-from genmanip_protocol.video import probe_video
+from genmanip_results.video import probe_video
+from genmanip_runtime.atomic import merge_json
 
 EID = "testbed/run1/testbed/reach/red_easy/000"
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from genmanip_eval import EvalConfig, PolicyError, WorkerProcessError, run_eval
-from genmanip_protocol.video import probe_video
+from genmanip_results.video import probe_video
 
 
 def _episode_dirs(root: Path) -> list[Path]:
@@ -62,7 +62,7 @@ def test_run_records_every_step(smoke: Any, tmp_path: Path, codec: str, policy: 
     assert sorted(run["workers"]) == ["0", "1"]
     assert run["total_episodes"] == 2 and run["benchmark"] == "testbed" and run["run_id"] == run_dir.name
     # The shared results reader sees the run complete.
-    from genmanip_protocol.results import find_runs
+    from genmanip_results.discovery import find_runs
 
     (info,) = find_runs(root)
     assert info.layout == "client" and info.n_complete == 2 and info.total_episodes == 2

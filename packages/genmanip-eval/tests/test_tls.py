@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import trustme
 from genmanip_eval import EvalConfig, run_workers
-from genmanip_protocol.errors import TransportError
+from genmanip_runtime.errors import TransportError
 from genmanip_testbed import serve_testbed
 
 

@@ -17,7 +17,7 @@ from genmanip_leaderboard import (
     verify_bundle,
 )
 from genmanip_protocol.errors import ExitCode
-from genmanip_protocol.results import load_run
+from genmanip_results.discovery import load_run
 
 
 def _names(path: Path) -> set[str]:

@@ -13,7 +13,7 @@ from genmanip_leaderboard import (
     select_run,
 )
 from genmanip_protocol.errors import ExitCode
-from genmanip_protocol.results import load_run
+from genmanip_results.discovery import load_run
 
 
 def test_ambiguous_run_id_lists_every_candidate(project, server_run, client_run):

@@ -24,7 +24,7 @@ from genmanip_leaderboard import (
     verify_bundle,
 )
 from genmanip_protocol.errors import ExitCode
-from genmanip_protocol.results import load_run
+from genmanip_results.discovery import load_run
 from genmanip_testbed import serve_testbed
 
 TOKEN = "author-token-for-tests-9876"

@@ -9,7 +9,7 @@ import json
 import pytest
 from genmanip_online import CREATE_PATH, READY_PATH, OnlineClient, PollEvent, ReadyStatus
 from genmanip_online.cli import _PollDisplay, offer_stop, stop_command, submit_and_wait
-from genmanip_protocol.console import Console
+from genmanip_runtime.console import Console
 
 TOKEN = "helper-token-123456"
 

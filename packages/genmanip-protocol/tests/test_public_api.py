@@ -56,3 +56,29 @@ def test_errors_derive_from_package_base() -> None:
             if obj is not GenmanipError:
                 assert issubclass(obj, GenmanipProtocolError), name
             assert hasattr(obj, "exit_code"), name
+
+
+#: What the wire vocabulary may import: numpy, msgpack and stdlib modules that do no I/O of
+#: their own. HTTP, sockets, TLS, argparse and subprocesses belong to the packages above it.
+#: (``urllib.parse`` is allowed: pathlib imports it, and it only parses strings.)
+_FORBIDDEN = ("http", "socket", "ssl", "argparse", "subprocess", "urllib.request", "select",
+              "asyncio", "genmanip_runtime", "genmanip_results", "genmanip_eval")
+
+
+def test_protocol_imports_no_io_module() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; before = set(sys.modules);"
+        "import genmanip_protocol, genmanip_protocol.codec, genmanip_protocol.schema;"
+        "import pkgutil, importlib;"
+        "[importlib.import_module(m.name) for m in pkgutil.walk_packages("
+        "genmanip_protocol.__path__, 'genmanip_protocol.')];"
+        "new = set(sys.modules) - before;"
+        f"bad = sorted(m for m in new for f in {_FORBIDDEN!r} if m == f or m.startswith(f + '.'));"
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from _tbhelpers import Raw, poll_reset, untag
 from genmanip_protocol.codec import safe_loads
-from genmanip_protocol.video import ffmpeg_executable, probe_video
+from genmanip_results.video import ffmpeg_executable, probe_video
 from genmanip_testbed import expert_policy, serve_testbed
 
 pytestmark = pytest.mark.timeout(120)

@@ -5,8 +5,8 @@ import time
 from pathlib import Path
 
 import pytest
-from genmanip_protocol.results import find_runs, load_run
-from genmanip_protocol.stats import wilson_interval
+from genmanip_results.discovery import find_runs, load_run
+from genmanip_results.stats import wilson_interval
 from genmanip_viz.index import (
     ResultsIndex,
     _make_view,

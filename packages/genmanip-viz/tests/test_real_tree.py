@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import requests
-from genmanip_protocol.console import Console
-from genmanip_protocol.results import find_runs
-from genmanip_protocol.video import probe_video
+from genmanip_results.discovery import find_runs
+from genmanip_results.video import probe_video
+from genmanip_runtime.console import Console
 from genmanip_viz.recording import build_recording
 from genmanip_viz.server import VizServer
 from rerun.chunk import RrdReader

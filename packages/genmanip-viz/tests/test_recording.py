@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from genmanip_protocol.errors import UnsafePayloadError
-from genmanip_protocol.results import load_episode
+from genmanip_results.discovery import load_episode
 from genmanip_viz.errors import RecordingBuildError
 from genmanip_viz.recording import (
     RRD_NAME,
@@ -149,7 +149,7 @@ def test_ragged_and_partial_rows_are_tolerated(tmp_path: Path) -> None:
 def test_mp4v_server_video_is_transcoded_for_the_browser(tmp_path: Path) -> None:
     import subprocess
 
-    from genmanip_protocol.video import ffmpeg_executable, video_info
+    from genmanip_results.video import ffmpeg_executable, video_info
 
     run = write_server_run(
         tmp_path, "ebench", "s1", tasks={"ebench/k/open": [1.0]}, steps=10, cameras=("left_camera",)

@@ -246,7 +246,7 @@ def test_bind_socket_tries_next_ports() -> None:
 def test_scan_failure_is_reported_not_hidden(
     tmp_path: Path, viz_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from genmanip_protocol import results
+    from genmanip_results import discovery as results
 
     def boom(self: object, **kw: object) -> list[object]:
         raise OSError("disk on fire")

@@ -16,7 +16,8 @@ from genmanip_protocol.errors import ExitCode
 
 HANDLERS = '''
 from __future__ import annotations
-from genmanip_protocol.errors import AuthError, ValidationError, Violation
+from genmanip_runtime.errors import AuthError
+from genmanip_protocol.errors import ValidationError, Violation
 
 
 def ok(args):

@@ -78,7 +78,7 @@ def write_client_episode(
     ``extra_frames`` appends frames no step refers to (like a terminal observation);
     ``frames_override`` forces a camera's frame count (to build mismatches).
     """
-    from genmanip_protocol.video import VideoWriter
+    from genmanip_results.video import VideoWriter
 
     robot = get_robot(robot_id) if robot_id in _known() else None
     if cameras is None:
@@ -183,7 +183,7 @@ def write_server_episode(
     seed: str = "000",
 ) -> Path:
     """Write one server-layout episode (facts §12.1) with ``meta_record.pkl`` and return its dir."""
-    from genmanip_protocol.video import VideoWriter
+    from genmanip_results.video import VideoWriter
 
     robot = get_robot(robot_id)
     cameras = cameras or {"obs_camera": (160, 120), "realsense": (160, 120)}

@@ -244,7 +244,7 @@ def _fresh_locks(run_dir: Path, now: float) -> list[str]:
     """Fresh lock files in a run: the shared reader's verdict plus a direct mtime check."""
     out: list[str] = []
     try:
-        from genmanip_protocol.results import read_locks
+        from genmanip_results.discovery import read_locks
 
         for lock in read_locks(run_dir, now=now, stale_after=LOCK_STALE_S):
             if not lock.stale:
@@ -436,7 +436,7 @@ def _results_trees(root: Path) -> list[str]:
     if env:
         trees.add(os.path.abspath(env))
     try:
-        from genmanip_protocol.results import find_runs
+        from genmanip_results.discovery import find_runs
 
         for run in find_runs(root):
             trees.add(os.path.abspath(run.path))
@@ -456,7 +456,7 @@ def _plan_results(ctx: _Ctx, force: bool) -> None:
             Refusal(base, "results", "saved/eval_results is a symlink; not followed")
         )
         return
-    from genmanip_protocol.results import find_runs
+    from genmanip_results.discovery import find_runs
 
     for run in sorted(find_runs(base), key=lambda r: str(r.path)):
         path = Path(run.path)

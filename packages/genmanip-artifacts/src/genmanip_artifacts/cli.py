@@ -10,8 +10,8 @@ import os
 import sys
 from pathlib import Path
 
-from genmanip_protocol.console import Console, format_duration
 from genmanip_protocol.errors import ExitCode, GenmanipError
+from genmanip_runtime.console import Console, format_duration
 
 from .clean import CleanPlan, CleanReport, execute_clean, format_size, plan_clean
 from .errors import ArtifactsUsageError, PlotFailures
@@ -34,8 +34,8 @@ def _episode_subdir(ep_dir: Path, index: int) -> Path:
     Built from the directory structure (never from a server-provided id) and checked like any
     episode id, so it can never leave ``--out``.
     """
-    from genmanip_protocol.results import load_episode
     from genmanip_protocol.schema import safe_relative_path
+    from genmanip_results.discovery import load_episode
 
     try:
         info = load_episode(ep_dir)
@@ -47,7 +47,7 @@ def _episode_subdir(ep_dir: Path, index: int) -> Path:
 
 
 def _collect_jobs(args: argparse.Namespace, console: Console) -> list[tuple[Path, Path | None]]:
-    from genmanip_protocol.results import is_run_dir, load_run
+    from genmanip_results.discovery import is_run_dir, load_run
 
     episodes = [Path(p) for p in _as_list(getattr(args, "episodes", None))]
     for run in _as_list(getattr(args, "run", None)):

@@ -3,7 +3,7 @@
 Client layout (``gmp eval``): ``steps.jsonl`` rows as specified in ``docs/architecture.md``.
 Server layout (the GenManip server): ``meta_record.pkl``, read ONLY through the allow-list
 unpickler (``genmanip_protocol.codec``). Where the episode and its videos are is decided by
-``genmanip_protocol.results.load_episode``; nothing here scans directories.
+``genmanip_results.discovery.load_episode``; nothing here scans directories.
 """
 
 from __future__ import annotations
@@ -469,7 +469,7 @@ def load_series(ep_dir: Path | str) -> EpisodeSeries:
         EpisodeDataError: no ``steps.jsonl`` / ``meta_record.pkl``, or they are corrupt (the message
             is one line naming the file, line and field).
     """
-    from genmanip_protocol.results import load_episode
+    from genmanip_results.discovery import load_episode
 
     ep_dir = Path(ep_dir)
     if not ep_dir.is_dir():

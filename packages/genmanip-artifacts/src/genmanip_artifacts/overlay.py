@@ -162,7 +162,7 @@ def write_overlay_video(
         EpisodeDataError: no camera video, or one cannot be read.
         AlignmentError: frame counts differ between cameras or do not cover the referenced frames.
     """
-    from genmanip_protocol.video import VideoWriter, probe_video, read_video_frames
+    from genmanip_results.video import VideoWriter, probe_video, read_video_frames
     from PIL import Image
 
     if not s.videos:

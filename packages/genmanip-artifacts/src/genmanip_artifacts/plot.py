@@ -65,7 +65,7 @@ class PlotResult:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    from genmanip_protocol.atomic import atomic_write_bytes
+    from genmanip_runtime.atomic import atomic_write_bytes
 
     atomic_write_bytes(path, data)
 

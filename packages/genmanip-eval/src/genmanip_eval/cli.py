@@ -13,12 +13,12 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from genmanip_protocol.console import Console, table
 from genmanip_protocol.errors import ExitCode, GenmanipError
 from genmanip_protocol.robots import resolve_robot
 from genmanip_protocol.schema import ServerStatus, parse_status
-from genmanip_protocol.stats import wilson_interval
-from genmanip_protocol.transport import build_base_url
+from genmanip_results.stats import wilson_interval
+from genmanip_runtime.console import Console, table
+from genmanip_runtime.transport import build_base_url
 
 from .client import EvalClient
 from .errors import GenmanipEvalError

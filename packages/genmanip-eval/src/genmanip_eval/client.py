@@ -42,19 +42,13 @@ from typing import Any, NoReturn, Protocol
 from urllib.parse import urlsplit
 
 from genmanip_protocol.codec import get_codec
-from genmanip_protocol.config import resolve_token
 from genmanip_protocol.errors import (
-    ConnectError,
     DecodeError,
     GenmanipError,
-    HTTPStatusError,
-    RequestTimeout,
     ResponseError,
-    TransportError,
     ValidationError,
     Violation,
 )
-from genmanip_protocol.retry import Backoff, retry_call
 from genmanip_protocol.robots import RobotSpec, get_robot
 from genmanip_protocol.schema import (
     EpisodeResult,
@@ -63,7 +57,10 @@ from genmanip_protocol.schema import (
     parse_step_response,
     validate_action,
 )
-from genmanip_protocol.transport import HttpTransport, build_base_url, is_loopback_host
+from genmanip_runtime.config import resolve_token
+from genmanip_runtime.errors import ConnectError, HTTPStatusError, RequestTimeout, TransportError
+from genmanip_runtime.retry import Backoff, retry_call
+from genmanip_runtime.transport import HttpTransport, build_base_url, is_loopback_host
 
 from .actions import normalize_step_input
 from .errors import GenmanipEvalError, ResetTimeout, StepError, StepTimeout

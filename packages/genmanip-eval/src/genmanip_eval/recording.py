@@ -38,10 +38,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from genmanip_protocol.atomic import atomic_write_bytes, atomic_write_json, json_default, merge_json
 from genmanip_protocol.errors import ValidationError
 from genmanip_protocol.schema import EpisodeResult, safe_relative_path, split_episode_id
-from genmanip_protocol.stats import wilson_interval
+from genmanip_results.stats import wilson_interval
+from genmanip_runtime.atomic import atomic_write_bytes, atomic_write_json, json_default, merge_json
 
 from .errors import EpisodeIdError, RecordingError
 
@@ -973,7 +973,7 @@ class Recorder:
                     self._busy_cv.notify_all()
 
     def _transcode(self, ep: _Episode, result: EpisodeResult, cams: list[str], finished: str) -> None:
-        from genmanip_protocol.video import transcode_jpegs
+        from genmanip_results.video import transcode_jpegs
 
         d = ep.directory
 

@@ -38,7 +38,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from genmanip_protocol.results import RunInfo
+from genmanip_results.discovery import RunInfo
 
 from .errors import BundleError, IncompleteRunError
 from .runs import completeness, results_tree

@@ -17,9 +17,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from genmanip_protocol.config import resolve_setting, resolve_token
-from genmanip_protocol.console import Console, Progress, table
 from genmanip_protocol.errors import ExitCode, ValidationError, Violation
+from genmanip_runtime.config import resolve_setting, resolve_token
+from genmanip_runtime.console import Console, Progress, table
 
 from .bundle import Bundle, build_bundle
 from .client import DEFAULT_HOST, DEFAULT_PORT, LeaderboardClient

@@ -20,14 +20,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from genmanip_protocol.errors import (
-    ConnectError,
-    RequestTimeout,
-    TransportError,
-    ValidationError,
-    Violation,
-)
-from genmanip_protocol.transport import HttpTransport, Response, is_loopback_host
+from genmanip_protocol.errors import ValidationError, Violation
+from genmanip_runtime.errors import ConnectError, RequestTimeout, TransportError
+from genmanip_runtime.transport import HttpTransport, Response, is_loopback_host
 
 from .errors import (
     InsecureLeaderboardURL,

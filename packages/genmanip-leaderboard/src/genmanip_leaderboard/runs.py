@@ -1,7 +1,7 @@
 """Choosing a run and judging whether it is complete.
 
-Discovery itself is :mod:`genmanip_protocol.results` (both on-disk layouts); this module only picks
-among its :class:`~genmanip_protocol.results.RunInfo` objects and works out which episodes are
+Discovery itself is :mod:`genmanip_results.discovery` (both on-disk layouts); this module only picks
+among its :class:`~genmanip_results.discovery.RunInfo` objects and works out which episodes are
 missing, from the run's metric file (``result.json`` / ``progress.json``: keys like
 ``*(3/5)testbed/reach/red_easy`` give each task's seed count) and the episodes found on disk.
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from genmanip_protocol.results import RunInfo, find_runs, is_run_dir, load_run
+from genmanip_results.discovery import RunInfo, find_runs, is_run_dir, load_run
 
 from .errors import AmbiguousRunError, RunNotFoundError
 

@@ -15,8 +15,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
-from genmanip_protocol.atomic import atomic_write_json, read_json
-from genmanip_protocol.results import RunInfo
+from genmanip_results.discovery import RunInfo
+from genmanip_runtime.atomic import atomic_write_json, read_json
 
 from .bundle import FLAG_NAME, Bundle, build_bundle, bundle_filename
 from .client import LeaderboardClient

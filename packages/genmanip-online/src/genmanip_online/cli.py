@@ -14,9 +14,9 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from genmanip_protocol.config import resolve_setting, resolve_token
-from genmanip_protocol.console import Console
 from genmanip_protocol.errors import ConfigError, ExitCode
+from genmanip_runtime.config import resolve_setting, resolve_token
+from genmanip_runtime.console import Console
 
 from .client import CREATE_FIELDS, OnlineClient, PollEvent, ReadyStatus
 from .errors import GenmanipOnlineError, MissingTokenError

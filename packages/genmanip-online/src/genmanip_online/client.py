@@ -25,15 +25,10 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from genmanip_protocol.errors import (
-    ConnectError,
-    RequestTimeout,
-    TransportError,
-    ValidationError,
-    Violation,
-)
-from genmanip_protocol.retry import Backoff
-from genmanip_protocol.transport import HttpTransport
+from genmanip_protocol.errors import ValidationError, Violation
+from genmanip_runtime.errors import ConnectError, RequestTimeout, TransportError
+from genmanip_runtime.retry import Backoff
+from genmanip_runtime.transport import HttpTransport
 
 from .errors import (
     GenmanipOnlineError,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 from genmanip_protocol.errors import ValidationError, Violation
-from genmanip_protocol.transport import is_loopback_host
+from genmanip_runtime.transport import is_loopback_host
 
 from .errors import InsecureURLError
 

@@ -1,19 +1,15 @@
-"""genmanip-protocol: GenManip observation/action schemas, robot specs and safe wire codecs.
+"""genmanip-protocol: the GenManip wire vocabulary.
 
-Small on purpose (numpy + msgpack): model repos, servers and validation tools can all depend on it.
+Robot specs, the observation/action schemas with their validators, the typed parsers of server
+replies, the safe codecs (msgpack framing and the allow-listed legacy pickle wire) and the errors
+they raise, rooted at :class:`GenmanipError`. Small on purpose (numpy + msgpack, no I/O): model
+repos, servers and validation tools can all depend on it. HTTP, config and the terminal live in
+genmanip-runtime; the results tree in genmanip-results.
 """
 
 from __future__ import annotations
 
 from .__about__ import __version__
-from .atomic import (
-    FileLock,
-    atomic_write_bytes,
-    atomic_write_json,
-    atomic_write_text,
-    merge_json,
-    read_json,
-)
 from .codec import (
     LEGACY_CONTENT_TYPE,
     MSGPACK_CONTENT_TYPE,
@@ -28,49 +24,18 @@ from .codec import (
     get_codec,
     safe_loads,
 )
-
-# --- exports added by other modules go below this line (keep each block sorted) ---
-from .config import (
-    Secret,
-    config_path,
-    load_config,
-    resolve_secret,
-    resolve_setting,
-    resolve_token,
-)
-from .console import Console, Progress, format_duration, table
 from .errors import (
-    AuthError,
     ConfigError,
-    ConnectError,
     DecodeError,
     EncodeError,
     ExitCode,
     GenmanipError,
     GenmanipProtocolError,
-    HTTPStatusError,
-    LockTimeout,
-    RequestTimeout,
     ResponseError,
-    TransportError,
     UnsafePayloadError,
     ValidationError,
     Violation,
 )
-from .results import (
-    EpisodeInfo,
-    LockInfo,
-    RunInfo,
-    RunScanner,
-    find_episode_dirs,
-    find_runs,
-    is_episode_dir,
-    is_run_dir,
-    load_episode,
-    load_run,
-    read_locks,
-)
-from .retry import Backoff, retry_call
 from .robots import CAMERA_ORDER, ROBOTS, RobotSpec, get_robot, resolve_robot
 from .schema import (
     ACTION_KEYS,
@@ -102,20 +67,6 @@ from .schema import (
     validate_chunk,
     validate_observation,
 )
-from .stats import wilson_interval
-from .transport import HttpTransport, Response, build_base_url, is_loopback_host
-from .video import (
-    FfmpegError,
-    FfmpegNotFoundError,
-    VideoError,
-    VideoInfo,
-    VideoWriter,
-    ffmpeg_executable,
-    probe_video,
-    read_video_frames,
-    transcode_jpegs,
-    video_info,
-)
 
 __all__ = [
     "ACTION_KEYS",
@@ -126,75 +77,37 @@ __all__ = [
     "ROBOTS",
     "STATUS_VALUES",
     "SUCCESS_TOL",
-    "AuthError",
-    "Backoff",
     "ChunkResponse",
     "Codec",
     "ConfigError",
-    "ConnectError",
-    "Console",
     "DecodeError",
     "EncodeError",
-    "EpisodeInfo",
     "EpisodeResult",
     "ExitCode",
-    "FfmpegError",
-    "FfmpegNotFoundError",
-    "FileLock",
     "GenmanipError",
     "GenmanipProtocolError",
-    "HTTPStatusError",
-    "HttpTransport",
     "JpegFrame",
     "LegacyCodec",
-    "LockInfo",
-    "LockTimeout",
     "MetricKey",
     "MsgpackCodec",
     "Observation",
-    "Progress",
-    "RequestTimeout",
-    "Response",
     "ResponseError",
     "RobotSpec",
-    "RunInfo",
-    "RunScanner",
-    "Secret",
     "ServerStatus",
     "TaskMetric",
-    "TransportError",
     "UnsafePayloadError",
     "ValidationError",
-    "VideoError",
-    "VideoInfo",
-    "VideoWriter",
     "Violation",
     "WorkerEntry",
     "__version__",
-    "atomic_write_bytes",
-    "atomic_write_json",
-    "atomic_write_text",
-    "build_base_url",
     "check_action",
     "check_observation",
     "codec_for_content_type",
-    "config_path",
     "decode_jpeg",
     "encode_jpeg",
-    "ffmpeg_executable",
-    "find_episode_dirs",
-    "find_runs",
-    "format_duration",
     "get_codec",
     "get_robot",
-    "is_episode_dir",
-    "is_loopback_host",
-    "is_run_dir",
     "is_success",
-    "load_config",
-    "load_episode",
-    "load_run",
-    "merge_json",
     "merge_metrics",
     "normalize_metric",
     "parse_chunk_response",
@@ -205,23 +118,11 @@ __all__ = [
     "parse_step_response",
     "parse_success_response",
     "parse_worker_entry",
-    "probe_video",
-    "read_json",
-    "read_locks",
-    "read_video_frames",
     "resolve_robot",
-    "resolve_secret",
-    "resolve_setting",
-    "resolve_token",
-    "retry_call",
     "safe_loads",
     "safe_relative_path",
     "split_episode_id",
-    "table",
-    "transcode_jpegs",
     "validate_action",
     "validate_chunk",
     "validate_observation",
-    "video_info",
-    "wilson_interval",
 ]

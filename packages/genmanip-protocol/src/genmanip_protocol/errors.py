@@ -1,4 +1,4 @@
-"""Exit codes and the exception tree shared by every ``genmanip-*`` package.
+"""Exit codes, the root of every gmp exception, and the errors of the wire vocabulary.
 
 Every package defines exactly one base exception that derives from :class:`GenmanipError`
 (``GenmanipProtocolError`` here, ``GenmanipEvalError`` in genmanip-eval, ...). The ``gmp`` command
@@ -9,22 +9,16 @@ has a single place that turns a :class:`GenmanipError` into a message on stderr 
 from __future__ import annotations
 
 import enum
-from typing import Any, ClassVar
+from typing import ClassVar
 
 __all__ = [
-    "AuthError",
     "ConfigError",
-    "ConnectError",
     "DecodeError",
     "EncodeError",
     "ExitCode",
     "GenmanipError",
     "GenmanipProtocolError",
-    "HTTPStatusError",
-    "LockTimeout",
-    "RequestTimeout",
     "ResponseError",
-    "TransportError",
     "UnsafePayloadError",
     "ValidationError",
     "Violation",
@@ -89,19 +83,6 @@ class ConfigError(GenmanipProtocolError):
 
     exit_code = ExitCode.USAGE
 
-
-class LockTimeout(GenmanipProtocolError):
-    """A cross-process file lock could not be taken within ``timeout`` seconds."""
-
-    exit_code = ExitCode.TIMEOUT
-
-    def __init__(self, path: str, timeout: float, *, hint: str | None = None) -> None:
-        super().__init__(
-            f"could not lock {path} within {timeout:g} s (another process holds it)",
-            hint=hint or "another gmp process is writing the same file; retry when it is done",
-        )
-        self.path = path
-        self.timeout = timeout
 
 
 class EncodeError(GenmanipProtocolError):
@@ -217,60 +198,3 @@ class ResponseError(ValidationError):
     """A server reply does not have the documented shape; the message names the field."""
 
     exit_code = ExitCode.REMOTE_ERROR
-
-
-class TransportError(GenmanipProtocolError):
-    """An HTTP exchange failed.
-
-    ``sent`` tells whether the request may have reached the server, and ``maybe_executed`` whether
-    the server may have acted on it: a caller must never replay a non-idempotent call (``/step``)
-    when ``maybe_executed`` is true.
-    """
-
-    exit_code = ExitCode.REMOTE_ERROR
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        route: str = "",
-        sent: bool = False,
-        maybe_executed: bool = False,
-        hint: str | None = None,
-    ) -> None:
-        super().__init__(message, hint=hint)
-        self.route = route
-        self.sent = sent
-        self.maybe_executed = maybe_executed
-
-
-class ConnectError(TransportError):
-    """The server could not be reached; the request was not sent."""
-
-    exit_code = ExitCode.UNREACHABLE
-
-
-class RequestTimeout(TransportError):
-    """A call exceeded its time limit; the message names the call and the limit."""
-
-    exit_code = ExitCode.TIMEOUT
-
-    def __init__(self, message: str, *, timeout: float, **kwargs: Any) -> None:
-        super().__init__(message, **kwargs)
-        self.timeout = timeout
-
-
-class HTTPStatusError(TransportError):
-    """The server answered with a non-2xx status. ``detail`` is the server's ``detail`` text."""
-
-    def __init__(self, message: str, *, status: int, detail: str = "", **kwargs: Any) -> None:
-        kwargs.setdefault("sent", True)
-        super().__init__(message, **kwargs)
-        self.status = status
-        self.detail = detail
-
-
-class AuthError(HTTPStatusError):
-    """401/403: the token is missing or was rejected. The token itself is never in the message."""
-
-    exit_code = ExitCode.AUTH

@@ -8,9 +8,9 @@ import logging
 import sys
 from pathlib import Path
 
-from genmanip_protocol.config import resolve_token
-from genmanip_protocol.console import Console
 from genmanip_protocol.errors import ExitCode
+from genmanip_runtime.config import resolve_token
+from genmanip_runtime.console import Console
 
 from .errors import ServerStartError
 from .faults import FaultSpec, parse_fault_spec

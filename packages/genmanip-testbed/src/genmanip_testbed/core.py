@@ -526,7 +526,7 @@ class EvalCore:
         metric = self.metric()
         with self._job:
             if self.benchmark_id is not None:
-                from genmanip_protocol.atomic import atomic_write_json
+                from genmanip_runtime.atomic import atomic_write_json
 
                 name = "result.json" if self._all_done() else "progress.json"
                 self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -665,13 +665,13 @@ class EvalCore:
         frames: dict[str, list[Future[bytes]]],
         started: str,
     ) -> None:
-        from genmanip_protocol.atomic import atomic_write_bytes, atomic_write_json
+        from genmanip_runtime.atomic import atomic_write_bytes, atomic_write_json
 
         seed_dir = run_dir / key[0] / key[1]
         try:
             seed_dir.mkdir(parents=True, exist_ok=True)
             if self.cfg.save_process:
-                from genmanip_protocol.video import transcode_jpegs
+                from genmanip_results.video import transcode_jpegs
 
                 for cam_key, futures in frames.items():
                     jpegs = [f.result() for f in futures]

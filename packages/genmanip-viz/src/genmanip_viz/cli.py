@@ -11,9 +11,9 @@ import socket
 import sys
 from pathlib import Path
 
-from genmanip_protocol.console import Console, Progress
 from genmanip_protocol.errors import ExitCode
-from genmanip_protocol.results import is_run_dir, load_run
+from genmanip_results.discovery import is_run_dir, load_run
+from genmanip_runtime.console import Console, Progress
 
 from .errors import NoRunError, VizDependencyError
 from .recording import build_recording, recording_is_fresh

@@ -1,6 +1,6 @@
 """The browser's view of a results root: opaque run ids, episode lookup, live workers, comparisons.
 
-Discovery itself is :mod:`genmanip_protocol.results` (both layouts, incremental ``RunScanner``). This
+Discovery itself is :mod:`genmanip_results.discovery` (both layouts, incremental ``RunScanner``). This
 module only indexes its output for the pages. Scanning runs on a background thread: a request takes the
 newest snapshot, asks for a rescan when it is older than ``min_interval`` and waits at most ``wait``
 seconds for it, so no request blocks on a slow file system for more than a page's worth of work.
@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from genmanip_protocol.results import EpisodeInfo, RunInfo, RunScanner
-from genmanip_protocol.stats import wilson_interval
+from genmanip_results.discovery import EpisodeInfo, RunInfo, RunScanner
+from genmanip_results.stats import wilson_interval
 
 from .errors import UnsafePathError
 from .paths import is_within, safe_component

@@ -14,7 +14,7 @@ import math
 from collections.abc import Iterable, Sequence
 from urllib.parse import quote
 
-from genmanip_protocol.results import EpisodeInfo
+from genmanip_results.discovery import EpisodeInfo
 
 from .index import Comparison, GroupStats, LiveWorker, RunView, Snapshot, group_stats
 

@@ -35,7 +35,7 @@ import numpy as np
 from .errors import RecordingBuildError, VizDependencyError
 
 if TYPE_CHECKING:
-    from genmanip_protocol.results import EpisodeInfo
+    from genmanip_results.discovery import EpisodeInfo
 
 __all__ = [
     "BUILDER_VERSION",
@@ -403,7 +403,7 @@ def _browser_playable(mp4: Path, layout: str, tmpdir: Path) -> Path:
     """
     if layout == "client":
         return mp4
-    from genmanip_protocol.video import ffmpeg_executable, video_info
+    from genmanip_results.video import ffmpeg_executable, video_info
 
     try:
         codec = video_info(mp4).codec
@@ -512,7 +512,7 @@ def build_recording(episode: EpisodeInfo, *, force: bool = False) -> Path:
     try:
         _write(data, part)
         os.replace(part, out)
-        from genmanip_protocol.atomic import atomic_write_json
+        from genmanip_runtime.atomic import atomic_write_json
 
         atomic_write_json(ep_dir / SIDECAR_NAME, fingerprint)
     except OSError as exc:

@@ -1,7 +1,7 @@
 """Writers of small results trees that follow the documented layouts exactly (tests and benchmarks).
 
 Both layouts of ``docs/architecture.md``: the client layout (``gmp eval`` recording: ``run.json``,
-``steps.jsonl``, ``<camera>.mp4`` through :class:`genmanip_protocol.video.VideoWriter`,
+``steps.jsonl``, ``<camera>.mp4`` through :class:`genmanip_results.video.VideoWriter`,
 ``result.json``) and the server layout (``result_info.json``, ``meta_record.pkl``, ``<seed>.lock``),
 plus a ``.live/<worker>/`` directory as ``gmp eval --live-every`` writes it.
 """
@@ -57,7 +57,7 @@ def _write_videos(
     seed: int,
 ) -> None:
     """One mp4 per camera; ``cameras`` may map a camera to its own ``(width, height)``."""
-    from genmanip_protocol.video import VideoWriter
+    from genmanip_results.video import VideoWriter
 
     for ci, cam in enumerate(cameras):
         w, h = cameras[cam] if isinstance(cameras, Mapping) else size
@@ -304,9 +304,9 @@ def write_live_worker(
     size: tuple[int, int] = (64, 48),
 ) -> Path:
     """``<run_dir>/.live/<worker_id>/`` with one JPEG per camera and ``live.json``."""
-    from genmanip_protocol.atomic import atomic_write_bytes, atomic_write_json
     from genmanip_protocol.codec.jpeg import encode_jpeg
-    from genmanip_protocol.stats import wilson_interval
+    from genmanip_results.stats import wilson_interval
+    from genmanip_runtime.atomic import atomic_write_bytes, atomic_write_json
 
     d = run_dir / ".live" / worker_id
     d.mkdir(parents=True, exist_ok=True)

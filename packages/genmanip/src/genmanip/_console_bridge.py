@@ -1,4 +1,4 @@
-"""Error-line formatting for ``gmp`` that styles through genmanip_protocol.console when present.
+"""Error-line formatting for ``gmp`` that styles through genmanip_runtime.console when present.
 
 The CLI must still report errors when genmanip-protocol itself is broken or missing, so the
 import is guarded and a plain ``gmp: error: ...`` line is the fallback.
@@ -14,7 +14,7 @@ __all__ = ["error_line"]
 def error_line(message: str, hint: str | None = None) -> str:
     """``gmp: error: <message>`` (+ ``hint: <hint>``) with a trailing newline, styled on a TTY."""
     try:
-        from genmanip_protocol.console import Console
+        from genmanip_runtime.console import Console
     except ImportError:
         text = f"gmp: error: {message}\n"
         return text + (f"hint: {hint}\n" if hint else "")

@@ -10,8 +10,8 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from genmanip_protocol.console import Console
 from genmanip_protocol.errors import ExitCode, GenmanipError
+from genmanip_runtime.console import Console
 
 __all__ = ["run_demo"]
 

@@ -21,8 +21,8 @@ from genmanip_online.cli import (
 from genmanip_online.client import OnlineClient
 from genmanip_online.errors import GenmanipOnlineError
 from genmanip_online.urls import check_url
-from genmanip_protocol.console import Console
 from genmanip_protocol.errors import ExitCode, ValidationError, Violation
+from genmanip_runtime.console import Console
 
 __all__ = ["run"]
 

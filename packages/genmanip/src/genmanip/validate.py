@@ -40,8 +40,8 @@ from genmanip_protocol import (
     safe_relative_path,
 )
 from genmanip_protocol.codec import LegacyCodec, MsgpackCodec
-from genmanip_protocol.console import Console
 from genmanip_protocol.errors import ConfigError, DecodeError
+from genmanip_runtime.console import Console
 
 __all__ = ["KINDS", "Report", "run_validate", "validate_file", "validate_object"]
 

@@ -15,6 +15,8 @@ __all__ = ["KNOWN_DISTRIBUTIONS", "format_versions", "installed_distributions"]
 KNOWN_DISTRIBUTIONS: dict[str, str] = {
     "genmanip": "genmanip",
     "genmanip-protocol": "genmanip_protocol",
+    "genmanip-runtime": "genmanip_runtime",
+    "genmanip-results": "genmanip_results",
     "genmanip-eval": "genmanip_eval",
     "genmanip-testbed": "genmanip_testbed",
     "genmanip-artifacts": "genmanip_artifacts",

@@ -4,7 +4,7 @@ Browser-playable output (libx264, yuv420p, ``+faststart``). Writers produce ``<p
 rename it to ``<path>`` only after ffmpeg succeeded, so a crash never leaves a truncated ``.mp4``
 under the final name. ffmpeg comes from the ``imageio-ffmpeg`` wheel when installed (a static
 binary), else from ``PATH``; the command line is built with ffmpeg-python. Both are in the
-``genmanip-protocol[video]`` extra and imported lazily.
+``genmanip-results[video]`` extra and imported lazily.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from types import TracebackType
 from typing import IO, Any, NamedTuple
 
 import numpy as np
+from genmanip_protocol.errors import ExitCode
 
-from .errors import ExitCode, GenmanipProtocolError
+from .errors import GenmanipResultsError
 
 __all__ = [
     "FfmpegError",
@@ -37,11 +38,11 @@ __all__ = [
     "video_info",
 ]
 
-_EXTRA_HINT = "pip install 'genmanip-protocol[video]'"
+_EXTRA_HINT = "pip install 'genmanip-results[video]'"
 _STDERR_TAIL = 2000
 
 
-class VideoError(GenmanipProtocolError):
+class VideoError(GenmanipResultsError):
     """Writing, transcoding or reading a video failed."""
 
     exit_code = ExitCode.FAILURE

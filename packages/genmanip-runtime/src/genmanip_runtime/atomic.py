@@ -23,7 +23,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from .errors import EncodeError, LockTimeout
+from genmanip_protocol.errors import EncodeError
+
+from .errors import LockTimeout
 
 __all__ = [
     "FileLock",

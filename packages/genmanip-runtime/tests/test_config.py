@@ -5,7 +5,8 @@ import pickle
 from pathlib import Path
 
 import pytest
-from genmanip_protocol.config import (
+from genmanip_protocol.errors import ConfigError, ExitCode
+from genmanip_runtime.config import (
     Secret,
     config_path,
     load_config,
@@ -13,7 +14,6 @@ from genmanip_protocol.config import (
     resolve_setting,
     resolve_token,
 )
-from genmanip_protocol.errors import ConfigError, ExitCode
 
 TOKEN = "tok-abc123-SECRET"
 
@@ -130,7 +130,7 @@ def test_world_readable_token_warns_without_leaking(
 ) -> None:
     p = write_cfg(tmp_path, f'[eval]\ntoken = "{TOKEN}"\n', mode=0o644)
     monkeypatch.setenv("GMP_CONFIG", str(p))
-    with caplog.at_level(logging.WARNING, logger="genmanip_protocol.config"):
+    with caplog.at_level(logging.WARNING, logger="genmanip_runtime.config"):
         assert resolve_token(None, None, "eval") == TOKEN
     assert "chmod 600" in caplog.text and TOKEN not in caplog.text
 

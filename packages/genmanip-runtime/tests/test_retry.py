@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 
 import pytest
-from genmanip_protocol.errors import ConnectError, HTTPStatusError
-from genmanip_protocol.retry import Backoff, retry_call
+from genmanip_runtime.errors import ConnectError, HTTPStatusError
+from genmanip_runtime.retry import Backoff, retry_call
 
 
 class FakeClock:

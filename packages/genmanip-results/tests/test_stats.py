@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import pytest
-from genmanip_protocol.stats import wilson_interval
+from genmanip_results.stats import wilson_interval
 
 
 def test_known_values() -> None:

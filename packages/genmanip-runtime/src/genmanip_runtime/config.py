@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from genmanip_protocol.errors import ConfigError
 
 if sys.version_info >= (3, 11):
     import tomllib

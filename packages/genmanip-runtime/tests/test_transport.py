@@ -17,18 +17,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from genmanip_protocol import transport as transport_mod
-from genmanip_protocol.errors import (
+from genmanip_protocol.errors import ConfigError, DecodeError, ExitCode
+from genmanip_runtime import transport as transport_mod
+from genmanip_runtime.errors import (
     AuthError,
-    ConfigError,
     ConnectError,
-    DecodeError,
-    ExitCode,
     HTTPStatusError,
     RequestTimeout,
     TransportError,
 )
-from genmanip_protocol.transport import HttpTransport, build_base_url, is_loopback_host
+from genmanip_runtime.transport import HttpTransport, build_base_url, is_loopback_host
 
 TOKEN = "s3cret-token-value"
 
@@ -340,7 +338,7 @@ def test_multipart_streams_file_with_progress(server: _Server, tmp_path) -> None
 
 
 def test_plain_http_token_warning(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="genmanip_protocol.transport")
+    caplog.set_level(logging.WARNING, logger="genmanip_runtime.transport")
     HttpTransport("http://127.0.0.1:9", token=TOKEN)
     assert "plain http" not in caplog.text
     HttpTransport("http://example.invalid:8087", token=TOKEN)

@@ -7,8 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from genmanip_protocol.atomic import atomic_write_json
-from genmanip_protocol.results import (
+from genmanip_results.discovery import (
     RunScanner,
     find_episode_dirs,
     find_runs,
@@ -18,6 +17,7 @@ from genmanip_protocol.results import (
     load_run,
     read_locks,
 )
+from genmanip_runtime.atomic import atomic_write_json
 
 NOW = 1_800_000_000.0  # a fixed "now" so staleness is exact
 T_A = "ebench/table_top_manip/peg_in_hole"
@@ -350,7 +350,7 @@ def test_symlinks_outside_root_are_skipped(
     (run / "run.json").symlink_to(outside / "run.json")
     # a link loop inside the root must not hang
     (run / "ebench" / "t" / "loop").symlink_to(run / "ebench")
-    with caplog.at_level(logging.WARNING, logger="genmanip_protocol.results"):
+    with caplog.at_level(logging.WARNING, logger="genmanip_results.discovery"):
         runs = find_runs(tmp_path / "proj", now=NOW)
     assert len(runs) == 1
     assert runs[0].manifest is None and runs[0].run_id == "r"
@@ -394,7 +394,7 @@ def test_run_scanner_incremental(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     first = scanner.scan(now=NOW)
     assert sum(len(r.episodes) for r in first) == 7
 
-    from genmanip_protocol import results as results_mod
+    from genmanip_results import discovery as results_mod
 
     calls: list[Path] = []
     real_build = results_mod._build_episode

@@ -37,16 +37,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from genmanip_protocol.errors import ConfigError, DecodeError
+
 from .__about__ import __version__
-from .errors import (
-    AuthError,
-    ConfigError,
-    ConnectError,
-    DecodeError,
-    HTTPStatusError,
-    RequestTimeout,
-    TransportError,
-)
+from .errors import AuthError, ConnectError, HTTPStatusError, RequestTimeout, TransportError
 
 __all__ = ["HttpTransport", "Response", "build_base_url", "is_loopback_host"]
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from .schema import TaskMetric, is_success, parse_metric
+from genmanip_protocol.schema import TaskMetric, is_success, parse_metric
 
 __all__ = [
     "EpisodeInfo",

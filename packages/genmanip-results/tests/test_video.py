@@ -4,12 +4,12 @@ import os
 import subprocess
 from pathlib import Path
 
-import genmanip_protocol.video as video_mod
+import genmanip_results.video as video_mod
 import numpy as np
 import pytest
 from genmanip_protocol import ExitCode
 from genmanip_protocol.codec import JpegFrame
-from genmanip_protocol.video import (
+from genmanip_results.video import (
     FfmpegError,
     FfmpegNotFoundError,
     VideoError,
@@ -182,7 +182,7 @@ def test_missing_ffmpeg_names_the_extra(monkeypatch: pytest.MonkeyPatch, tmp_pat
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(FfmpegNotFoundError) as ei2:
         ffmpeg_executable()
-    assert "genmanip-protocol[video]" in (ei2.value.hint or "")
+    assert "genmanip-results[video]" in (ei2.value.hint or "")
 
 
 def test_env_override_uses_that_binary(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,8 +7,8 @@ import io
 import threading
 
 import pytest
-from genmanip_protocol import console as console_mod
-from genmanip_protocol.console import Console, Progress, format_duration, table
+from genmanip_runtime import console as console_mod
+from genmanip_runtime.console import Console, Progress, format_duration, table
 
 
 class FakeTTY(io.StringIO):

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from genmanip_protocol.atomic import (
+from genmanip_protocol.errors import EncodeError, ExitCode
+from genmanip_runtime.atomic import (
     FileLock,
     atomic_write_bytes,
     atomic_write_json,
@@ -17,7 +18,7 @@ from genmanip_protocol.atomic import (
     merge_json,
     read_json,
 )
-from genmanip_protocol.errors import EncodeError, ExitCode, GenmanipProtocolError, LockTimeout
+from genmanip_runtime.errors import GenmanipRuntimeError, LockTimeout
 
 
 def test_atomic_write_bytes_replaces_and_leaves_no_tmp(tmp_path: Path) -> None:
@@ -75,7 +76,7 @@ def test_filelock_excludes_second_instance_and_times_out(tmp_path: Path) -> None
         with pytest.raises(LockTimeout) as ei:
             FileLock(lock_path, timeout=0.2).acquire()
         assert time.monotonic() - t0 >= 0.19
-        assert isinstance(ei.value, GenmanipProtocolError)
+        assert isinstance(ei.value, GenmanipRuntimeError)
         assert ei.value.exit_code == ExitCode.TIMEOUT
         assert str(lock_path) in str(ei.value)
     # Released: can be taken at once, and the lock file stays.

@@ -1,0 +1,72 @@
+"""genmanip-runtime: the plumbing every gmp client shares, on the standard library alone.
+
+The HTTP transport (keep-alive ``http.client`` with typed errors), retry with backoff, the config
+file and secret lookup, the terminal console (styling, progress lines, tables), atomic files and
+cross-process locks, and the network policy (loopback detection, the plain-HTTP/token rule).
+Its only dependency is genmanip-protocol, for the root of the exception tree.
+"""
+
+from __future__ import annotations
+
+from .__about__ import __version__
+from .atomic import (
+    FileLock,
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_text,
+    merge_json,
+    read_json,
+)
+from .config import (
+    Secret,
+    config_path,
+    load_config,
+    resolve_secret,
+    resolve_setting,
+    resolve_token,
+)
+from .console import Console, Progress, format_duration, table
+from .errors import (
+    AuthError,
+    ConnectError,
+    GenmanipRuntimeError,
+    HTTPStatusError,
+    LockTimeout,
+    RequestTimeout,
+    TransportError,
+)
+from .retry import Backoff, retry_call
+from .transport import HttpTransport, Response, build_base_url, is_loopback_host
+
+__all__ = [
+    "AuthError",
+    "Backoff",
+    "ConnectError",
+    "Console",
+    "FileLock",
+    "GenmanipRuntimeError",
+    "HTTPStatusError",
+    "HttpTransport",
+    "LockTimeout",
+    "Progress",
+    "RequestTimeout",
+    "Response",
+    "Secret",
+    "TransportError",
+    "__version__",
+    "atomic_write_bytes",
+    "atomic_write_json",
+    "atomic_write_text",
+    "build_base_url",
+    "config_path",
+    "format_duration",
+    "is_loopback_host",
+    "load_config",
+    "merge_json",
+    "read_json",
+    "resolve_secret",
+    "resolve_setting",
+    "resolve_token",
+    "retry_call",
+    "table",
+]

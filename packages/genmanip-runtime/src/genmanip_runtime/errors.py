@@ -1,0 +1,99 @@
+"""The errors of gmp's runtime plumbing: HTTP exchanges and cross-process file locks.
+
+Tree (every class carries an ``exit_code``)::
+
+    GenmanipError (genmanip_protocol)
+      GenmanipRuntimeError
+        LockTimeout                  7  a file lock was not taken in time
+        TransportError               5  an HTTP exchange failed (route, sent, maybe_executed)
+          ConnectError               6  the server could not be reached; nothing was sent
+          RequestTimeout             7  a call exceeded its time limit
+          HTTPStatusError            5  a non-2xx status (status, detail)
+            AuthError                8  401/403
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from genmanip_protocol.errors import ExitCode, GenmanipError
+
+__all__ = [
+    "AuthError",
+    "ConnectError",
+    "GenmanipRuntimeError",
+    "HTTPStatusError",
+    "LockTimeout",
+    "RequestTimeout",
+    "TransportError",
+]
+
+
+class GenmanipRuntimeError(GenmanipError):
+    """Base exception of genmanip-runtime."""
+
+
+class LockTimeout(GenmanipRuntimeError):
+    """A cross-process file lock could not be taken within ``timeout`` seconds."""
+
+    exit_code = ExitCode.TIMEOUT
+
+    def __init__(self, path: str, timeout: float, *, hint: str | None = None) -> None:
+        super().__init__(
+            f"could not lock {path} within {timeout:g} s (another process holds it)",
+            hint=hint or "another gmp process is writing the same file; retry when it is done",
+        )
+        self.path = path
+        self.timeout = timeout
+
+class TransportError(GenmanipRuntimeError):
+    """An HTTP exchange failed.
+
+    ``sent`` tells whether the request may have reached the server, and ``maybe_executed`` whether
+    the server may have acted on it: a caller must never replay a non-idempotent call (``/step``)
+    when ``maybe_executed`` is true.
+    """
+
+    exit_code = ExitCode.REMOTE_ERROR
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        route: str = "",
+        sent: bool = False,
+        maybe_executed: bool = False,
+        hint: str | None = None,
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.route = route
+        self.sent = sent
+        self.maybe_executed = maybe_executed
+
+class ConnectError(TransportError):
+    """The server could not be reached; the request was not sent."""
+
+    exit_code = ExitCode.UNREACHABLE
+
+class RequestTimeout(TransportError):
+    """A call exceeded its time limit; the message names the call and the limit."""
+
+    exit_code = ExitCode.TIMEOUT
+
+    def __init__(self, message: str, *, timeout: float, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.timeout = timeout
+
+class HTTPStatusError(TransportError):
+    """The server answered with a non-2xx status. ``detail`` is the server's ``detail`` text."""
+
+    def __init__(self, message: str, *, status: int, detail: str = "", **kwargs: Any) -> None:
+        kwargs.setdefault("sent", True)
+        super().__init__(message, **kwargs)
+        self.status = status
+        self.detail = detail
+
+class AuthError(HTTPStatusError):
+    """401/403: the token is missing or was rejected. The token itself is never in the message."""
+
+    exit_code = ExitCode.AUTH
