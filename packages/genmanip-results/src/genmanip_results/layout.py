@@ -1,0 +1,114 @@
+"""The names of the results trees, in one place: every file and directory gmp writes or reads.
+
+No other module of any gmp package spells these names: writers (eval's recorder, the testbed's
+server emulation) and readers (discovery, artifacts, viz, leaderboard, clean) import them from
+here, so a rename is one edit and a reader can never drift from its writer.
+
+Two layouts (docs/architecture.md, "On-disk layouts"):
+
+* **server layout** (the real GenManip server's; the testbed writes it too)::
+
+      <root>/saved/eval_results/<benchmark>/<run_id>/{result.json | progress.json}
+          <task_name>/<seed>.lock
+          <task_name>/<seed>/result_info.json      (its existence = episode done)
+          <task_name>/<seed>/<camera>.mp4, meta_record.pkl
+
+* **client layout** (``gmp eval``'s recording)::
+
+      <results_root>/<benchmark>/<run_id>/run.json
+          .live/<worker_id>/                      live-view files (eval writes, viz reads)
+          <task_name>/episode_result.json (+ episode_result.lock)
+          <task_name>/<seed>/steps.jsonl, <camera>.mp4, result.json, INCOMPLETE,
+                             .frames/<camera>.jpegs, .awaiting_result.<pid>.json,
+                             .pending_result.<pid>.json
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AWAITING_NOTE_GLOB",
+    "AWAITING_NOTE_PREFIX",
+    "CLIENT_RESULTS_DIR",
+    "EPISODE_RESULT",
+    "EPISODE_RESULT_LOCK",
+    "EVAL_RESULTS_DIR",
+    "FRAMES_DIR",
+    "FRAME_SPOOL_SUFFIX",
+    "INCOMPLETE",
+    "LIVE_DIR",
+    "LOCK_SUFFIX",
+    "META_RECORD",
+    "NOTE_SUFFIX",
+    "PENDING_NOTE_GLOB",
+    "PENDING_NOTE_PREFIX",
+    "PROGRESS_JSON",
+    "RESULTS_DIR_ENV",
+    "RESULT_INFO",
+    "RESULT_JSON",
+    "RUN_JSON",
+    "SAVED_DIR",
+    "STEPS_JSONL",
+    "SUBMITTED_FLAG",
+    "VIDEO_SUFFIX",
+    "awaiting_note_name",
+    "pending_note_name",
+]
+
+# --- where results trees live ---------------------------------------------------------------
+#: Environment variable naming the client results root (the reference client's name).
+RESULTS_DIR_ENV = "GENMANIP_RESULT_DIR"
+#: The client results root when neither ``--results-dir`` nor ``$GENMANIP_RESULT_DIR`` is set.
+CLIENT_RESULTS_DIR = "client_results"
+#: The server layout's results live in ``<root>/saved/eval_results``.
+SAVED_DIR = "saved"
+EVAL_RESULTS_DIR = "eval_results"
+
+# --- run directory ------------------------------------------------------------------------------
+#: The client layout's run manifest.
+RUN_JSON = "run.json"
+#: The server layout's final (``result.json``) and running (``progress.json``) metric files.
+RESULT_JSON = "result.json"
+PROGRESS_JSON = "progress.json"
+#: Written by ``gmp leaderboard submit`` once the upload is confirmed (both layouts).
+SUBMITTED_FLAG = "submitted.flag"
+#: Live-view files of a running ``gmp eval`` (``<run_dir>/.live/<worker_id>/``).
+LIVE_DIR = ".live"
+
+# --- task directory -----------------------------------------------------------------------------
+#: ``{"<seed>": {"score": float, "sr": float}}``, merged under :data:`EPISODE_RESULT_LOCK`.
+EPISODE_RESULT = "episode_result.json"
+EPISODE_RESULT_LOCK = "episode_result.lock"
+#: Server layout: ``<task_name>/<seed>.lock`` claims an episode.
+LOCK_SUFFIX = ".lock"
+
+# --- episode directory --------------------------------------------------------------------------
+#: Client layout: one JSON line per executed action.
+STEPS_JSONL = "steps.jsonl"
+#: Client layout: present while an episode is recorded or after it was aborted.
+INCOMPLETE = "INCOMPLETE"
+#: Server layout: the episode's result; its existence means the episode is done.
+RESULT_INFO = "result_info.json"
+#: Server layout: the episode's pickled record (read only through the allow-list unpickler).
+META_RECORD = "meta_record.pkl"
+#: Every camera video is ``<camera>.mp4``.
+VIDEO_SUFFIX = ".mp4"
+#: The JPEG frame spool of an episode being recorded: ``.frames/<camera>.jpegs``.
+FRAMES_DIR = ".frames"
+FRAME_SPOOL_SUFFIX = ".jpegs"
+#: Recovery notes (docs/architecture.md): ``.awaiting_result.<pid>.json`` (everything but the
+#: result) and ``.pending_result.<pid>.json`` (the result too; videos outstanding).
+AWAITING_NOTE_PREFIX = ".awaiting_result."
+PENDING_NOTE_PREFIX = ".pending_result."
+NOTE_SUFFIX = ".json"
+AWAITING_NOTE_GLOB = f"{AWAITING_NOTE_PREFIX}*{NOTE_SUFFIX}"
+PENDING_NOTE_GLOB = f"{PENDING_NOTE_PREFIX}*{NOTE_SUFFIX}"
+
+
+def awaiting_note_name(pid: int) -> str:
+    """The awaiting-result note of process ``pid`` (the pid makes claiming one atomic rename)."""
+    return f"{AWAITING_NOTE_PREFIX}{pid}{NOTE_SUFFIX}"
+
+
+def pending_note_name(pid: int) -> str:
+    """The pending-result note of process ``pid``."""
+    return f"{PENDING_NOTE_PREFIX}{pid}{NOTE_SUFFIX}"
