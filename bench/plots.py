@@ -42,7 +42,7 @@ def measured(fn: Callable[[], Any]) -> tuple[float, float, Any]:
 
 
 def synthesize(root: Path, steps: int) -> Path:
-    from genmanip_artifacts._synthetic import write_client_episode
+    from genmanip_results.testing import write_client_episode
 
     existing = root / "bench" / "run1" / "bench" / "suite" / "task_a" / "000"
     if (existing / "result.json").exists() and len(
@@ -57,7 +57,9 @@ def synthesize(root: Path, steps: int) -> Path:
         "top_camera": (1280, 720),
         "overlook_camera": (1280, 720),
     }
-    return write_client_episode(root, n_steps=steps, chunk=1, cameras=cams)
+    return write_client_episode(
+        root / "bench" / "run1", "bench/suite/task_a", "000", steps=steps, chunk=1, cameras=cams
+    )
 
 
 def time_static(ep: Path, repeats: int) -> tuple[float, float]:

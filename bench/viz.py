@@ -22,7 +22,7 @@ from pathlib import Path
 
 
 def synth_episode(root: Path, steps: int) -> Path:
-    from genmanip_viz.testing import write_client_run
+    from genmanip_results.testing import write_client_run
 
     cams = {
         "left_camera": (640, 480),

@@ -41,7 +41,8 @@ def test_help_imports_no_numpy_and_no_handler_package() -> None:
     heavy = {m for m in mods if m.split(".")[0] in {
         "numpy", "msgpack", "matplotlib", "rerun", "starlette", "uvicorn", "PIL", "simplejpeg",
         "genmanip_protocol", "genmanip_eval", "genmanip_testbed", "genmanip_viz",
-        "genmanip_artifacts", "genmanip_online", "genmanip_leaderboard"}}
+        "genmanip_artifacts", "genmanip_online", "genmanip_leaderboard", "genmanip_runtime",
+        "genmanip_results"}}
     assert heavy == set()
 
 

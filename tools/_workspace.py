@@ -78,6 +78,60 @@ def parse_requirement(req: str) -> tuple[str, str]:
     return normalize(m.group(1)), m.group(3).strip().strip("()")
 
 
+def split_requirement(req: str) -> tuple[str, str, str, str]:
+    """``"genmanip-viz[x] >=0.1.0 ; python_version >= '3.11'"`` -> ``("genmanip-viz", "[x]",
+    ">=0.1.0", " ; python_version >= '3.11'")``: name and extras as written, the specifier, and the
+    rest (marker with its separator, or ``""``), so that a pin can be rewritten in place."""
+    m = re.match(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*([^;]*?)(\s*;.*)?$", req, re.S)
+    if not m:
+        raise ValueError(f"cannot parse requirement {req!r}")
+    return m.group(1), m.group(2) or "", m.group(3).strip(), m.group(4) or ""
+
+
+def next_minor(version: str) -> str:
+    """``"0.1.3"`` -> ``"0.2"``: the exclusive upper bound of a lockstep pin on ``version``."""
+    m = re.match(r"^\s*v?(\d+)(?:\.(\d+))?", version)
+    if not m:
+        raise ValueError(f"not a version: {version!r}")
+    return f"{int(m.group(1))}.{int(m.group(2) or 0) + 1}"
+
+
+def lockstep_spec(version: str) -> str:
+    """``"0.1.3"`` -> ``">=0.1.3,<0.2"``: how a sibling pins a workspace package at ``version``."""
+    return f">={version},<{next_minor(version)}"
+
+
+def repin(req: str, version: str) -> str:
+    """``req`` with its specifier replaced by :func:`lockstep_spec` of ``version`` (the name, the
+    extras brackets and the environment marker are kept as written)."""
+    name, extras, _spec, rest = split_requirement(req)
+    return f"{name}{extras}{lockstep_spec(version)}{rest}"
+
+
+def lockstep_problem(spec: str) -> str | None:
+    """``None`` when ``spec`` has the lockstep form ``>=X.Y.Z,<X.(Y+1)`` (one minor series from
+    its lower bound on); else what is wrong with it. Whether it admits a version is
+    :func:`specifier_allows`."""
+    bounds: dict[str, str] = {}
+    for raw in spec.split(",") if spec.strip() else []:
+        m = re.match(r"^\s*(~=|===|==|!=|<=|>=|<|>)\s*(\S+)\s*$", raw)
+        if not m or m.group(1) not in (">=", "<") or m.group(1) in bounds:
+            return "not of the form >=X.Y.Z,<X.(Y+1)"
+        bounds[m.group(1)] = m.group(2)
+    if ">=" not in bounds:
+        return "no lower bound"
+    if "<" not in bounds:
+        return "a bare lower bound"
+    try:
+        upper = next_minor(bounds[">="])
+        ok = _release(bounds["<"]) == _release(upper)
+    except ValueError:
+        return "not of the form >=X.Y.Z,<X.(Y+1)"
+    if not ok:
+        return f"an upper bound other than the next minor (<{upper})"
+    return None
+
+
 def _release(v: str) -> tuple[int, ...]:
     m = re.match(r"^\s*v?(\d+(?:\.\d+)*)", v)
     if not m:

@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""Bump one package's version: rewrite ``__about__.py`` and move the CHANGELOG's
-``## Unreleased`` notes under a new ``## <version>`` heading (``## Unreleased`` stays, empty).
+"""Bump one package's version: rewrite ``__about__.py``, move the CHANGELOG's ``## Unreleased``
+notes under a new ``## <version>`` heading (``## Unreleased`` stays, empty), and re-pin the package
+in every dependent's pyproject (dependencies and extras) to the lockstep range
+``>=<version>,<X.(Y+1)``: a minor bump 0.1.x -> 0.2.0 moves the pins to ``>=0.2.0,<0.3``, a patch
+bump raises their lower bound. Prints every change; ``--dry-run`` prints them and writes nothing.
 
 Usage: python tools/bump.py <dist> <version> [--root DIR] [--dry-run]
-Then run tools/check_versions.py: siblings pinning an older range may need updating.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _workspace import ROOT, VERSION_RE, load_packages, normalize
+from _workspace import ROOT, VERSION_RE, Package, load_packages, normalize, parse_requirement, repin
 
 _PEP440 = re.compile(r"^\d+(\.\d+)*((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?$")
 _UNRELEASED = re.compile(r"^##\s+Unreleased\s*$", re.M | re.I)
@@ -37,6 +39,37 @@ def bump_changelog(text: str, version: str) -> str:
         raise ValueError("'## Unreleased' is empty: write the release notes first")
     rest = text[body_end:]
     return f"{text[: m.start()]}## Unreleased\n\n## {version}\n\n{notes}\n" + (f"\n{rest}" if rest else "")
+
+
+def repin_dependents(
+    pkgs: dict[str, Package], dist: str, version: str, root: Path
+) -> tuple[dict[Path, str], list[str]]:
+    """New pyproject texts of every package that depends on ``dist`` (by path, changed ones only)
+    and one line per rewritten pin. The texts are edited in place: only the quoted requirement
+    strings change, comments and layout stay."""
+    texts: dict[Path, str] = {}
+    lines: list[str] = []
+    for name, pkg in pkgs.items():
+        if name == dist:
+            continue
+        pyproject = pkg.path / "pyproject.toml"
+        original = text = pyproject.read_text(encoding="utf-8")
+        done: set[str] = set()
+        for where, req in pkg.requirements():
+            if req in done or parse_requirement(req)[0] != dist:
+                continue
+            done.add(req)
+            new = repin(req, version)
+            if new == req:
+                continue
+            pattern = re.compile(rf"""(["']){re.escape(req)}\1""")
+            text, n = pattern.subn(lambda m, new=new: f"{m.group(1)}{new}{m.group(1)}", text)
+            if n == 0:
+                raise ValueError(f"{pyproject}: cannot find the requirement string {req!r}")
+            lines.append(f"{name}: {where}: {req} -> {new} ({pyproject.relative_to(root)})")
+        if text != original:
+            texts[pyproject] = text
+    return texts, lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,12 +97,24 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     about = VERSION_RE.sub(lambda m: f"{m.group(1)}{m.group(2)}{args.version}{m.group(2)}",
                            pkg.about.read_text(encoding="utf-8"), count=1)
+    root = args.root.resolve()
+    try:
+        pyprojects, pins = repin_dependents(pkgs, pkg.name, args.version, root)
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     if args.dry_run:
         print(f"would set {pkg.about} to {args.version} and add '## {args.version}' to {pkg.changelog}")
+        for line in pins:
+            print(f"would pin {line}")
         return 0
     pkg.about.write_text(about, encoding="utf-8")
     pkg.changelog.write_text(changelog, encoding="utf-8")
+    for path, text in pyprojects.items():
+        path.write_text(text, encoding="utf-8")
     print(f"{pkg.name}: {pkg.version} -> {args.version}")
+    for line in pins:
+        print(f"pinned {line}")
     return 0
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Check the workspace's versions: every package version has a CHANGELOG heading, and every
-sibling pin (``genmanip-protocol>=0.1.0`` in another package's pyproject) admits the sibling's
-current version. Prints a table; exits 1 listing every problem.
+sibling pin (``genmanip-protocol>=0.1.0,<0.2`` in another package's pyproject, dependencies and
+extras alike) has the lockstep form ``>=X.Y.Z,<X.(Y+1)`` and admits the sibling's current version
+(a bare lower bound is a problem). Prints a table; exits 1 listing every problem.
 
 Usage: python tools/check_versions.py [--root DIR]
 """
@@ -14,7 +15,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _workspace import ROOT, load_packages, parse_requirement, specifier_allows
+from _workspace import (
+    ROOT,
+    load_packages,
+    lockstep_problem,
+    lockstep_spec,
+    parse_requirement,
+    specifier_allows,
+)
 
 
 def check(root: Path) -> tuple[list[list[str]], list[str]]:
@@ -38,13 +46,17 @@ def check(root: Path) -> tuple[list[list[str]], list[str]]:
             if dep not in pkgs or dep == name:
                 continue
             sibling = pkgs[dep].version
-            ok = specifier_allows(spec, sibling)
-            pins.append(f"{dep}{spec or ''}{'' if ok else ' (!)'}")
-            if not ok:
+            admits = specifier_allows(spec, sibling)
+            form = lockstep_problem(spec)
+            pins.append(f"{dep}{spec or ''}{'' if admits and form is None else ' (!)'}")
+            expected = f"expected the lockstep pin {dep}{lockstep_spec(sibling)}"
+            if not admits:
                 problems.append(
                     f"{name}: {where} pins {dep}{spec}, which excludes the workspace's "
-                    f"{dep} {sibling}"
+                    f"{dep} {sibling}; {expected}"
                 )
+            elif form is not None:
+                problems.append(f"{name}: {where} pins {dep}{spec or ' (any version)'}, {form}; {expected}")
         rows.append([name, pkg.version, "yes" if has_heading else "NO", ", ".join(sorted(set(pins))) or "-"])
     return rows, problems
 

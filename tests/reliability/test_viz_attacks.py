@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from genmanip_results.testing import write_client_run, write_live_worker
 from genmanip_viz.server import VizServer
-from genmanip_viz.testing import write_client_run, write_live_worker
 
 pytestmark = pytest.mark.slow
 

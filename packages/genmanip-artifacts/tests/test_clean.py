@@ -1,4 +1,4 @@
-"""gmp clean: exact-remainder tests on trees full of traps."""
+"""gmp clean: exact-remainder tests on trees full of traps (the handler, through ``cmd``)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,11 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
-from genmanip.cli.main import main
 from genmanip_artifacts import execute_clean, plan_clean
+from genmanip_artifacts.errors import ArtifactsUsageError
 from genmanip_protocol.errors import ExitCode
 
 OLD = 3 * 3600.0  # seconds: older than the 1 h tmp rule and the 300 s lock rule
@@ -130,8 +131,8 @@ def _snapshot(base: Path) -> set[str]:
     return out
 
 
-def _run(tree: dict[str, Path], *flags: str) -> int:
-    return main(["clean", "--root", str(tree["root"]), "--cache-dir", str(tree["cache"]), *flags])
+def _run(cmd: Any, tree: dict[str, Path], **flags: bool) -> int:
+    return cmd.clean(tree["root"], cache_dir=tree["cache"], **flags)
 
 
 def _gone(before: set[str], after: set[str]) -> set[str]:
@@ -172,10 +173,10 @@ def _proj(paths: set[str]) -> set[str]:
 
 
 def test_dry_run_by_default_when_not_a_terminal(
-    tree: dict[str, Path], capsys: pytest.CaptureFixture[str]
+    cmd: Any, tree: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
     before = _snapshot(tree["base"])
-    assert _run(tree) == ExitCode.OK
+    assert _run(cmd, tree) == ExitCode.OK
     assert _snapshot(tree["base"]) == before
     out = capsys.readouterr()
     assert "viewer-cache: 6 item(s)" in out.out
@@ -183,28 +184,28 @@ def test_dry_run_by_default_when_not_a_terminal(
     assert "would delete:" in out.out
     assert "--yes" in out.err
     # Explicit --dry-run wins over --yes.
-    assert _run(tree, "--dry-run", "--yes") == ExitCode.OK
+    assert _run(cmd, tree, dry_run=True, yes=True) == ExitCode.OK
     assert _snapshot(tree["base"]) == before
 
 
 def test_default_clean_removes_only_generated_files(
-    tree: dict[str, Path], capsys: pytest.CaptureFixture[str]
+    cmd: Any, tree: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
     before = _snapshot(tree["base"])
     # The read-only viewer cache is kept and reported (a warning, not a refusal of the command).
-    assert _run(tree, "--yes") == ExitCode.OK
+    assert _run(cmd, tree, yes=True) == ExitCode.OK
     gone = _gone(before, _snapshot(tree["base"]))
     assert gone == _proj(DEFAULT_GONE) | CACHE_GONE
     assert (tree["outside"] / "victim.txt").read_text() == "precious"
     err = capsys.readouterr().err
     assert "write-protected" in err and "freed" in err
     # Second run: only the write-protected file is left, so everything that matched was kept.
-    assert _run(tree, "--yes") == ExitCode.REFUSED
+    assert _run(cmd, tree, yes=True) == ExitCode.REFUSED
 
 
-def test_plots_flag(tree: dict[str, Path]) -> None:
+def test_plots_flag(cmd: Any, tree: dict[str, Path]) -> None:
     before = _snapshot(tree["base"])
-    _run(tree, "--yes", "--plots")
+    _run(cmd, tree, yes=True, plots=True)
     gone = _gone(before, _snapshot(tree["base"]))
     assert gone == _proj(DEFAULT_GONE) | CACHE_GONE | PLOTS_GONE
     assert (tree["root"] / "notes" / "action_plot.png").exists()
@@ -212,10 +213,10 @@ def test_plots_flag(tree: dict[str, Path]) -> None:
 
 
 def test_results_only_submitted_and_not_live(
-    tree: dict[str, Path], capsys: pytest.CaptureFixture[str]
+    cmd: Any, tree: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
     before = _snapshot(tree["base"])
-    assert _run(tree, "--yes", "--results") == ExitCode.REFUSED
+    assert _run(cmd, tree, yes=True, results=True) == ExitCode.REFUSED
     gone = _gone(before, _snapshot(tree["base"]))
     run_sub = {p for p in before if p.startswith("proj/saved/eval_results/ebench/run_sub")}
     assert gone == _proj(DEFAULT_GONE) | CACHE_GONE | run_sub
@@ -225,9 +226,9 @@ def test_results_only_submitted_and_not_live(
     assert "run_ro: contains write-protected left_camera.mp4" in err
 
 
-def test_force_never_deletes_a_live_run(tree: dict[str, Path]) -> None:
+def test_force_never_deletes_a_live_run(cmd: Any, tree: dict[str, Path]) -> None:
     before = _snapshot(tree["base"])
-    assert _run(tree, "--yes", "--results", "--force") == ExitCode.REFUSED
+    assert _run(cmd, tree, yes=True, results=True, force=True) == ExitCode.REFUSED
     after = _snapshot(tree["base"])
     assert not any(p.startswith("proj/saved/eval_results/ebench/run_unsub") for p in after)
     assert not any(p.startswith("proj/saved/eval_results/ebench/run_sub") for p in after)
@@ -241,34 +242,23 @@ def test_force_never_deletes_a_live_run(tree: dict[str, Path]) -> None:
     assert (tree["root"] / "saved/tasks/t/000/meta_info.pkl").exists()
 
 
-def test_all_adds_download_cache(tree: dict[str, Path]) -> None:
+def test_all_adds_download_cache(cmd: Any, tree: dict[str, Path]) -> None:
     before = _snapshot(tree["base"])
-    _run(tree, "--yes", "--all")
+    _run(cmd, tree, yes=True, all=True)
     gone = _gone(before, _snapshot(tree["base"]))
     assert gone == _proj(DEFAULT_GONE) | CACHE_GONE | PLOTS_GONE | {"cache/downloads/bundle.zip"}
     assert (tree["cache"] / "viz" / "cert.pem").exists()
 
 
-def test_nothing_to_do(tmp_path: Path) -> None:
+def test_nothing_to_do(cmd: Any, tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
-    assert (
-        main(
-            [
-                "clean",
-                "--root",
-                str(tmp_path / "empty"),
-                "--cache-dir",
-                str(tmp_path / "c"),
-                "--yes",
-            ]
-        )
-        == ExitCode.NOTHING_TO_DO
-    )
+    assert cmd.clean(tmp_path / "empty", cache_dir=tmp_path / "c", yes=True) == ExitCode.NOTHING_TO_DO
 
 
-def test_missing_root_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["clean", "--root", str(tmp_path / "nope")]) == ExitCode.USAGE
-    assert "not a directory" in capsys.readouterr().err
+def test_missing_root_is_a_usage_error(cmd: Any, tmp_path: Path) -> None:
+    with pytest.raises(ArtifactsUsageError, match="nope: not a directory") as ei:
+        cmd.clean(tmp_path / "nope")
+    assert ei.value.exit_code == ExitCode.USAGE
 
 
 def test_symlinked_cache_subdir_not_followed(tmp_path: Path) -> None:
@@ -334,8 +324,19 @@ def test_sizes_are_reported(tree: dict[str, Path]) -> None:
     assert plan.total_bytes == sum(i.size for i in plan.items)
 
 
-def _clean_on_a_terminal(root: Path, cache: Path, answer: bytes) -> tuple[int, str]:
-    """Run ``gmp clean`` as a subprocess whose stdin/stderr are a real pseudo-terminal."""
+# The clean handler in a child process, called like gmp calls it: keyword arguments (JSON in
+# argv[1]) and a console on stderr.
+_CLEAN = """\
+import json, sys
+from genmanip_artifacts.cli import clean
+from genmanip_runtime.console import Console
+sys.exit(clean(**json.loads(sys.argv[1]), console=Console()))
+"""
+
+
+def _clean_on_a_terminal(cmd: Any, root: Path, cache: Path, answer: bytes) -> tuple[int, str]:
+    """Run ``gmp clean --root ROOT --cache-dir CACHE`` as a subprocess whose stdin/stderr are a
+    real pseudo-terminal."""
     import pty
     import select
     import subprocess
@@ -343,7 +344,7 @@ def _clean_on_a_terminal(root: Path, cache: Path, answer: bytes) -> tuple[int, s
 
     master, slave = pty.openpty()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "genmanip", "clean", "--root", str(root), "--cache-dir", str(cache)],
+        [sys.executable, "-c", _CLEAN, json.dumps(cmd.clean_kwargs(root, cache_dir=cache))],
         stdin=slave,
         stdout=subprocess.PIPE,
         stderr=slave,
@@ -371,12 +372,12 @@ def _clean_on_a_terminal(root: Path, cache: Path, answer: bytes) -> tuple[int, s
     [(b"n\n", ExitCode.REFUSED, False), (b"y\n", ExitCode.OK, True)],
 )
 def test_prompt_on_a_terminal(
-    tmp_path: Path, answer: bytes, expected_rc: int, deleted: bool
+    cmd: Any, tmp_path: Path, answer: bytes, expected_rc: int, deleted: bool
 ) -> None:
     root = tmp_path / "r"
     cache = tmp_path / "c"
     target = _write(root / "client_results" / "b" / "r" / ".genmanip_vis.rrd", "rrd")
-    rc, talk = _clean_on_a_terminal(root, cache, answer)
+    rc, talk = _clean_on_a_terminal(cmd, root, cache, answer)
     assert "delete 1 item(s), 3 B? [y/N]" in talk
     assert rc == expected_rc
     assert target.exists() is not deleted

@@ -172,16 +172,28 @@ def test_corrupt_steps_file_one_line_error(tmp_path: Path, content: str, message
     assert "\n" not in str(exc.value)
 
 
-def test_ragged_rows_name_both_lines(tmp_path: Path) -> None:
+def test_ragged_row_is_a_reported_gap_not_an_error(tmp_path: Path) -> None:
+    """The one bad-row policy (genmanip_results.series): the row keeps its place, its bad vector
+    is NaN, and the warning names file, line, field and the episode's width."""
     rows = [
         _row(0),
         _row(1),
         _row(2, action={"control_type": "joint_position", "action": [0.0] * 5}),
+        _row(3, action={"control_type": "joint_position", "action": [0.0] * 8 + ["x"]}),
     ]
-    with pytest.raises(
-        EpisodeDataError, match=r"ragged rows: action.action has 9 values on line 1 but 5 on line 3"
-    ):
-        load_series(_episode(tmp_path, rows))
+    s = load_series(_episode(tmp_path, rows))
+    assert s.action_t.tolist() == [0, 1, 2, 3] and s.action.shape == (4, 9)
+    assert np.isnan(s.action[2]).all() and np.isnan(s.action[3]).all()
+    assert np.isfinite(s.action[:2]).all()
+    assert s.state["joints"].shape == (4, 7)  # the bad rows' states are still used
+    assert s.warnings == [
+        "steps.jsonl:3: action.action: 5 values where the episode's rows have 9 (first on line 1); "
+        "kept as a gap",
+        "steps.jsonl:4: action.action[8]: expected a number, got str 'x'; kept as a gap",
+    ]
+    assert s.issue_counts() == {"invalid": 1, "ragged": 1} and s.skipped_rows == 0
+    # the panels still get every dimension (a gap in two of the rows)
+    assert len(action_panels(s)[0].lines) == 7
 
 
 def test_wrong_dimension_for_known_robot(tmp_path: Path) -> None:
@@ -195,16 +207,22 @@ def test_wrong_dimension_for_known_robot(tmp_path: Path) -> None:
 
 def test_mixed_attempts_are_reported_not_merged(tmp_path: Path) -> None:
     rows = [_row(0), _row(1), _row(0)]
-    with pytest.raises(EpisodeDataError, match="step 0 already recorded on line 1"):
-        load_series(_episode(tmp_path, rows))
+    s = load_series(_episode(tmp_path, rows))
+    assert s.action_t.tolist() == [0, 1] and s.skipped_rows == 1
+    assert s.warnings == [
+        "steps.jsonl:3: step 0 already recorded on line 1 (rows of two attempts mixed?); "
+        "row skipped"
+    ]
 
 
 def test_conflicting_frame_reference(tmp_path: Path) -> None:
     rows = [_row(0, frame=0), _row(1, frame=0)]
-    with pytest.raises(
-        EpisodeDataError, match="frame 0 is observation timestep 1 here but 0 on line 1"
-    ):
-        load_series(_episode(tmp_path, rows))
+    s = load_series(_episode(tmp_path, rows))
+    assert s.frame_timesteps == {0: 0}
+    assert s.warnings == [
+        "steps.jsonl:2: frame: frame 0 is observation timestep 1 here but 0 on line 1; ignored"
+    ]
+    assert [i.kind for i in s.issues] == ["conflict"]
 
 
 def test_bad_field_types_are_named(tmp_path: Path) -> None:
@@ -235,12 +253,15 @@ def test_camera_order_puts_known_cameras_first_and_drops_generated() -> None:
 def test_row_being_written_is_skipped_only_while_recording(tmp_path: Path) -> None:
     text = json.dumps(_row(0)) + "\n" + json.dumps(_row(1)) + "\n" + '{"step": 2, "obs_ti'
     ep = _episode(tmp_path, text)
-    with pytest.raises(EpisodeDataError, match=r"steps\.jsonl:3: not JSON"):
-        load_series(ep)
+    s = load_series(ep)  # a finished episode: the cut line is corruption (reported, skipped)
+    assert s.n_steps == 2
+    assert [(i.kind, i.line) for i in s.issues] == [("unreadable", 3)]
+    assert s.warnings[0].startswith("steps.jsonl:3: not JSON")
     (ep / "INCOMPLETE").write_text("")
     s = load_series(ep)
     assert s.n_steps == 2
     assert s.warnings == ["steps.jsonl:3: row still being written; ignored"]
+    assert [i.kind for i in s.issues] == ["partial"]
 
 
 def test_ee_pose_actions_dual_and_single(tmp_path: Path) -> None:

@@ -10,11 +10,11 @@ from genmanip_artifacts import (
     load_series,
     plot_episode,
 )
-from genmanip_artifacts._synthetic import MARKER, frame_marker, write_client_episode
 from genmanip_artifacts.overlay import frame_timesteps, plan_layout, write_overlay_video
 from genmanip_artifacts.panels import action_panels, state_panels
 from genmanip_artifacts.plot import PLOT_LOG_SIGNATURE
 from genmanip_artifacts.render import render_cursor_panel
+from genmanip_results.testing import MARKER_SIZE, frame_marker, write_client_episode
 from genmanip_results.video import read_video_frames, video_info
 from PIL import Image
 
@@ -80,7 +80,7 @@ def test_overlay_frames_are_synchronized(lift2_episode: Path) -> None:
     for j, f in enumerate(frames):
         assert f.shape == (layout.height, layout.width, 3)
         for (x, _w), (_src_w, src_h) in zip(layout.cams, sizes, strict=True):
-            m = int(MARKER * layout.cam_height / src_h)
+            m = int(MARKER_SIZE * layout.cam_height / src_h)
             block = f[2 : m - 2, x + 2 : x + m - 2].astype(int)
             assert abs(int(np.median(block)) - frame_marker(j)) <= 8, (j, x)
         diff = np.abs(f[layout.cam_height :].astype(int) - panel.image.astype(int)).sum(axis=2)
@@ -112,7 +112,9 @@ def test_overlay_draws_one_figure_not_one_per_frame(
 
 
 def _small_episode(root: Path, **kw: object) -> Path:
-    return write_client_episode(root, n_steps=12, chunk=2, cameras=SMALL, **kw)  # type: ignore[arg-type]
+    return write_client_episode(  # type: ignore[arg-type]
+        root / "bench" / "run1", "bench/suite/task_a", "000", steps=12, chunk=2, cameras=SMALL, **kw
+    )
 
 
 def test_camera_frame_count_mismatch_is_reported(tmp_path: Path) -> None:

@@ -7,10 +7,10 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
-from genmanip.cli.main import main
 from genmanip_artifacts import load_series, plot_episode
 from genmanip_artifacts.overlay import frame_timesteps
 from genmanip_eval.runner import EvalConfig, run_eval
@@ -60,7 +60,7 @@ def test_client_layout_from_eval(trees: dict[str, Path]) -> None:
     assert r.state_plot.stat().st_size > 10_000
 
 
-def test_server_layout_from_testbed(trees: dict[str, Path]) -> None:
+def test_server_layout_from_testbed(cmd: Any, trees: dict[str, Path]) -> None:
     ep = trees["server"]
     s = load_series(ep)
     assert s.layout == "server"
@@ -70,59 +70,28 @@ def test_server_layout_from_testbed(trees: dict[str, Path]) -> None:
     assert r.frames == s.n_steps + 1  # the reset observation + one per step
     # The whole run through the command, server layout discovered by the shared reader.
     run_dir = next(r.path for r in find_runs(trees["base"] / "proj"))
-    assert main(["plot", "--run", str(run_dir), "--no-video", "--jobs", "1"]) == ExitCode.OK
+    assert cmd.plot(run=[run_dir], video=False, jobs=1) == ExitCode.OK
 
 
 def test_clean_on_the_testbed_tree(
-    trees: dict[str, Path], capsys: pytest.CaptureFixture[str]
+    cmd: Any, trees: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
     proj = trees["base"] / "proj"
     run = next(r for r in find_runs(proj))
     cache = trees["base"] / "cache"
     # Freshly written: live, whatever else.
-    assert (
-        main(
-            [
-                "clean",
-                "--root",
-                str(proj),
-                "--cache-dir",
-                str(cache),
-                "--results",
-                "--force",
-                "--yes",
-            ]
-        )
-        == ExitCode.REFUSED
-    )
+    assert cmd.clean(proj, cache_dir=cache, results=True, force=True, yes=True) == ExitCode.REFUSED
     assert "live run" in capsys.readouterr().err
     old = time.time() - 3600
     for dirpath, dirnames, filenames in os.walk(run.path):
         for n in dirnames + filenames:
             os.utime(os.path.join(dirpath, n), (old, old), follow_symlinks=False)
     # Not submitted: refused, and nothing of the run disappears.
-    assert (
-        main(["clean", "--root", str(proj), "--cache-dir", str(cache), "--results", "--yes"])
-        == ExitCode.REFUSED
-    )
+    assert cmd.clean(proj, cache_dir=cache, results=True, yes=True) == ExitCode.REFUSED
     assert "not submitted" in capsys.readouterr().err
     assert all((e.path / "result_info.json").exists() for e in run.episodes)
     # Submitted and idle for a while: it goes (plots included), the tasks dir stays.
     (run.path / "submitted.flag").write_text(json.dumps({"submission_id": "x"}))
-    assert (
-        main(
-            [
-                "clean",
-                "--root",
-                str(proj),
-                "--cache-dir",
-                str(cache),
-                "--results",
-                "--plots",
-                "--yes",
-            ]
-        )
-        == ExitCode.OK
-    )
+    assert cmd.clean(proj, cache_dir=cache, results=True, plots=True, yes=True) == ExitCode.OK
     assert not run.path.exists()
     assert (proj / "saved" / "eval_results").is_dir()

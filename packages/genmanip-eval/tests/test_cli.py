@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -10,19 +9,25 @@ from typing import Any
 import pytest
 from genmanip_eval.cli import per_task_rows, run_eval, status, submit
 from genmanip_eval.errors import GenmanipEvalError, PolicyError
+from genmanip_runtime.console import Console
 from genmanip_testbed import serve_testbed
 
+# The handlers' keyword arguments with gmp's defaults (the parser lives in the meta package).
+CONNECTION: dict[str, Any] = {"url": None, "host": "127.0.0.1", "port": 8087, "token": None,
+                              "ca_cert": None, "run_id": None}
+EVAL: dict[str, Any] = {
+    **CONNECTION, "worker_ids": "0", "processes": 1, "max_episodes": None, "max_recoveries": 5,
+    "policy": "zero", "policy_arg": [], "chunk_size": 1, "step_chunk": False, "robot": None,
+    "arm_type": None, "gripper_type": None, "control_type": None, "codec": "auto",
+    "frames": "auto", "render_mode": None, "subframes": None, "results_dir": None,
+    "record": True, "live_every": 0, "plot_on_episode_end": False,
+}
+STATUS: dict[str, Any] = {**CONNECTION, "as_json": False, "watch": False, "interval": 0.2}
 
-def ns(**kw: Any) -> argparse.Namespace:
-    base = {"url": None, "host": "127.0.0.1", "port": 8087, "token": None, "run_id": None,
-            "worker_ids": "0", "processes": 1, "max_episodes": None, "policy": "zero",
-            "policy_arg": [], "chunk_size": 1, "step_chunk": False, "robot": None, "arm_type": None,
-            "gripper_type": None, "control_type": None, "codec": "auto", "frames": "auto",
-            "render_mode": None, "subframes": None, "results_dir": None, "record": True,
-            "live_every": 0, "plot_on_episode_end": False, "quiet": False, "verbose": 0,
-            "json": False, "watch": False, "interval": 0.2}
-    base.update(kw)
-    return argparse.Namespace(**base)
+
+def kw(defaults: dict[str, Any], **overrides: Any) -> dict[str, Any]:
+    """``defaults`` with ``overrides`` and the console gmp's main would pass (no -q/-v)."""
+    return {**defaults, "console": Console(), **overrides}
 
 
 def test_per_task_rows() -> None:
@@ -38,23 +43,23 @@ def test_per_task_rows() -> None:
 
 
 def test_run_eval_handler(smoke: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = run_eval(ns(url=smoke.url, policy="expert", worker_ids="0,1", results_dir=str(tmp_path),
-                       arm_type="r5a"))
+    code = run_eval(**kw(EVAL, url=smoke.url, policy="expert", worker_ids="0,1",
+                         results_dir=str(tmp_path), arm_type="r5a"))
     out, err = capsys.readouterr()
     assert code == 0
     assert "testbed/smoke/red_block_easy" in out and "SR 95% CI" in out
     assert "results: " in err
     with pytest.raises(PolicyError, match="KEY=VALUE"):
-        run_eval(ns(url=smoke.url, policy_arg=["oops"]))
+        run_eval(**kw(EVAL, url=smoke.url, policy_arg=["oops"]))
     with pytest.raises(GenmanipEvalError, match="no worker id"):
-        run_eval(ns(url=smoke.url, worker_ids=","))
+        run_eval(**kw(EVAL, url=smoke.url, worker_ids=","))
 
 
 def test_submit_status_handlers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with serve_testbed(job=False, results_root=tmp_path, num_steps=3) as tb:
-        assert submit(ns(url=tb.url, configs=["testbed/smoke"], run_id="x1")) == 0
+        assert submit(**kw(CONNECTION, url=tb.url, configs=["testbed/smoke"], run_id="x1")) == 0
         out, _ = capsys.readouterr()
         assert out.strip() == "x1"
-        assert status(ns(url=tb.url, json=True)) == 0
+        assert status(**kw(STATUS, url=tb.url, as_json=True)) == 0
         out, _ = capsys.readouterr()
         assert json.loads(out)["run_id"] == "x1"

@@ -135,7 +135,8 @@ def test_giving_up_in_a_worker_process_keeps_its_hint(tmp_path: Path) -> None:
 
 
 def test_chunk_size_needs_chunk_policy(smoke: Any) -> None:
+    # helper_policies:raiser has only get_action (the check comes before its first call).
     with pytest.raises(PolicyError, match="get_action_chunk"):
-        run_eval(EvalConfig(url=smoke.url, policy="zero", chunk_size=4, record=False))
+        run_eval(EvalConfig(url=smoke.url, policy="helper_policies:raiser", chunk_size=4, record=False))
     with pytest.raises(PolicyError, match="get_action_chunk"):
-        run_eval(EvalConfig(url=smoke.url, policy="zero", step_chunk=True, record=False))
+        run_eval(EvalConfig(url=smoke.url, policy="helper_policies:raiser", step_chunk=True, record=False))

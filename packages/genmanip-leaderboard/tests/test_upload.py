@@ -25,6 +25,7 @@ from genmanip_leaderboard import (
 )
 from genmanip_protocol.errors import ExitCode
 from genmanip_results.discovery import load_run
+from genmanip_runtime.errors import InsecureTransportError
 from genmanip_testbed import serve_testbed
 
 TOKEN = "author-token-for-tests-9876"
@@ -134,8 +135,10 @@ def test_certificate_verification_cannot_be_skipped(board, project, server_run):
 
 
 def test_plain_http_only_for_loopback():
-    with pytest.raises(InsecureLeaderboardURL):
+    with pytest.raises(InsecureLeaderboardURL) as ei:
         LeaderboardClient("leaderboard.example.org", 443, TOKEN, insecure_http=True)
+    assert isinstance(ei.value, InsecureTransportError) and ei.value.exit_code == ExitCode.REFUSED
+    assert TOKEN not in str(ei.value) and "leaderboard.example.org" in str(ei.value)
     LeaderboardClient("127.0.0.1", 8000, TOKEN, insecure_http=True).close()
 
 

@@ -1,4 +1,5 @@
-"""Fixtures: an isolated environment and a small scripted HTTP server.
+"""Fixtures: an isolated environment, throwaway TLS files (both :mod:`genmanip_runtime.testing`)
+and a small scripted HTTP server.
 
 The scripted server is a real HTTP server on 127.0.0.1 (stdlib ``http.server``) whose replies are
 set per path by the test. It serves the failure modes the testbed's emulation of the online
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from genmanip_runtime.testing import TLSFiles, isolate_environment, make_tls_files
 
 Reply = tuple[int, bytes, str]  # status, body, content type
 
@@ -88,13 +90,7 @@ def scripted() -> Iterator[ScriptedServer]:
 @pytest.fixture(autouse=True)
 def _isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Never read the developer's config file or tokens.
-    cfg = tmp_path / "empty-config.toml"
-    cfg.write_text("", encoding="utf-8")
-    monkeypatch.setenv("GMP_CONFIG", str(cfg))
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg-config"))
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    for var in ("GMP_ONLINE_TOKEN", "GMP_ONLINE_URL", "GMP_TOKEN", "GENMANIP_RESULT_DIR"):
-        monkeypatch.delenv(var, raising=False)
+    isolate_environment(monkeypatch, tmp_path)
 
 
 @pytest.fixture
@@ -103,23 +99,7 @@ def env() -> Callable[..., Reply]:
     return envelope
 
 
-@dataclass
-class TLSFiles:
-    ca: Path
-    cert: Path
-    key: Path
-
-
 @pytest.fixture(scope="session")
 def tls_files(tmp_path_factory: pytest.TempPathFactory) -> TLSFiles:
     """A throwaway CA and a server certificate for 127.0.0.1/localhost (trustme)."""
-    import trustme
-
-    d = tmp_path_factory.mktemp("tls")
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1", "localhost")
-    files = TLSFiles(d / "ca.pem", d / "server.pem", d / "server.key")
-    ca.cert_pem.write_to_path(str(files.ca))
-    cert.private_key_and_cert_chain_pem.write_to_path(str(files.cert))
-    cert.private_key_pem.write_to_path(str(files.key))
-    return files
+    return make_tls_files(tmp_path_factory.mktemp("tls"))

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 
 import pytest
 from genmanip_online import CREATE_PATH, READY_PATH, OnlineClient, PollEvent, ReadyStatus
-from genmanip_online.cli import _PollDisplay, offer_stop, stop_command, submit_and_wait
+from genmanip_online.cli import (
+    _PollDisplay,
+    offer_stop,
+    stop_command,
+    submit_and_wait,
+    task_fields,
+)
 from genmanip_runtime.console import Console
 
 TOKEN = "helper-token-123456"
@@ -62,16 +67,19 @@ def test_stop_command_never_contains_the_token():
     assert "--endpoint http://10.0.0.1:1/online/t" in cmd
 
 
-def test_poll_line_is_live_on_a_tty_and_silent_when_piped():
+def test_poll_line_is_live_on_a_tty_and_silent_when_piped(monkeypatch):
     st = ReadyStatus("t", False, None, queue_position=4, eta_s=125.0, status="queued")
     console, stream = _console(True)
+    monkeypatch.setattr(console, "width", lambda: 200)  # a StringIO has no terminal size
     d = _PollDisplay(console, "t")
     d(PollEvent(3, 12.0, st, None, 7.2))
-    line = stream.getvalue()
-    assert line.startswith("\r\x1b[2K")
-    for part in ("waiting for task t", "12 s", "poll 3", "queued", "queue position 4", "ETA 2.1 min",
-                 "next poll in 7.2 s"):
-        assert part in line
+    # The console's status line (genmanip_runtime.console.StatusLine): redrawn in place, durations
+    # in format_duration's m:ss, the elapsed time last.
+    line = stream.getvalue().rsplit("\r\x1b[2K", 1)[-1]
+    assert line.startswith("waiting for task t  poll 3  queued  queue position 4  ETA 2:05  "
+                           "next poll in 7.2 s  0:")
+    console.warn("slow")  # a message clears the line first, then draws it again below
+    assert "\r\x1b[2Kwarning: slow\n\r\x1b[2Kwaiting for task t  poll 3" in stream.getvalue()
     d.clear()
     assert stream.getvalue().endswith("\r\x1b[2K")
 
@@ -84,12 +92,12 @@ def test_poll_line_is_live_on_a_tty_and_silent_when_piped():
 def test_submit_and_wait_creates_with_the_given_fields(scripted, env):
     scripted.routes[CREATE_PATH] = env({"task_id": "new-1"})
     scripted.routes[READY_PATH] = env({"ready": True, "endpoint": scripted.url + "/online/new-1"})
-    args = argparse.Namespace(task_id=None, model_name="m", model_type=None, benchmark_set="b",
-                              submitter_name=None, submitter_homepage=None, is_public=True,
-                              deadline=10.0, interval=0.01)
+    fields = task_fields(task_id=None, model_name="m", model_type=None, benchmark_set="b",
+                         submitter_name=None, submitter_homepage=None, is_public=True)
     console, stream = _console(False)
     with OnlineClient(scripted.url, TOKEN) as c:
-        tid, st = submit_and_wait(args, c, console)
+        tid, st = submit_and_wait(c, console, task_id=None, fields=fields, deadline=10.0,
+                                  interval=0.01)
     assert tid == "new-1" and st.endpoint == scripted.url + "/online/new-1"
     assert json.loads(scripted.requests[0]["body"]) == {"model_name": "m", "benchmark_set": "b",
                                                         "is_public": True}

@@ -20,6 +20,7 @@ from genmanip_online import (
     stop_candidates,
 )
 from genmanip_protocol.errors import ExitCode, ValidationError
+from genmanip_runtime.errors import InsecureTransportError
 
 TOKEN = "s3cret-online-token-XYZ"
 
@@ -201,6 +202,7 @@ def test_plain_http_to_remote_host_refused():
     with pytest.raises(InsecureURLError) as ei:
         OnlineClient("http://eval.example.com", TOKEN)
     assert ei.value.exit_code == ExitCode.REFUSED and "--insecure-http" in (ei.value.hint or "")
+    assert isinstance(ei.value, InsecureTransportError)
     OnlineClient("http://eval.example.com", TOKEN, insecure_http=True).close()
     OnlineClient("https://eval.example.com", TOKEN).close()
     OnlineClient("http://localhost:1", TOKEN).close()

@@ -22,8 +22,22 @@ def _public_names(module: types.ModuleType) -> set[str]:
 def test_all_matches_public_names() -> None:
     exported = list(genmanip_results.__all__)
     assert len(exported) == len(set(exported)), "duplicates in __all__"
-    assert set(exported) - {"__version__"} == _public_names(genmanip_results)
+    # The facade is lazy: every name of __all__ is loaded on first use, from the module _WHERE says.
+    assert set(exported) - {"__version__"} == set(genmanip_results._WHERE)
+    for name in exported:
+        getattr(genmanip_results, name)
+    typing_helpers = {"TYPE_CHECKING", "Any"}
+    assert set(exported) - {"__version__"} == _public_names(genmanip_results) - typing_helpers
     assert "__version__" in exported
+
+
+def test_importing_layout_loads_no_numpy() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, genmanip_results.layout; print('numpy' in sys.modules); sys.exit('numpy' in sys.modules)"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
 
 
 def test_every_exported_name_resolves() -> None:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 import io
 import threading
 
 import pytest
 from genmanip_runtime import console as console_mod
-from genmanip_runtime.console import Console, Progress, format_duration, table
+from genmanip_runtime.console import Console, Progress, StatusLine, format_duration, table
 
 
 class FakeTTY(io.StringIO):
@@ -63,10 +62,11 @@ def test_quiet_and_verbose() -> None:
     assert out.getvalue() == "debug: shown\n"
 
 
-def test_from_args() -> None:
-    c = Console.from_args(argparse.Namespace(quiet=True, verbose=2), io.StringIO())
-    assert c.quiet and c.verbose == 2
-    c = Console.from_args(argparse.Namespace(), io.StringIO())
+def test_from_flags() -> None:
+    out = io.StringIO()
+    c = Console.from_flags(quiet=True, verbose=2, stream=out)
+    assert c.quiet and c.verbose == 2 and c.stream is out
+    c = Console.from_flags()
     assert not c.quiet and c.verbose == 0
 
 
@@ -151,3 +151,83 @@ def test_format_duration() -> None:
     assert format_duration(0) == "0:00"
     assert format_duration(75.2) == "1:15"
     assert format_duration(3725) == "1:02:05"
+
+
+# -- the status line (a poll loop's live line) -------------------------------------------------
+
+
+def test_status_line_live_on_a_tty(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [50.0]
+    monkeypatch.setattr(console_mod.time, "monotonic", lambda: now[0])
+    out = FakeTTY()
+    c = Console(out)
+    with c.status_line("waiting for task t") as s:
+        assert isinstance(s, StatusLine)
+        assert out.getvalue() == "\r\x1b[2Kwaiting for task t  0:00"
+        now[0] += 75.0
+        s.update("poll 3", "", "ETA 2:05")  # empty fields are left out; every update draws
+        assert out.getvalue().endswith("\r\x1b[2Kwaiting for task t  poll 3  ETA 2:05  1:15")
+        s.update("poll 4")
+        assert out.getvalue().endswith("\r\x1b[2Kwaiting for task t  poll 4  1:15")
+        assert s.line() == "waiting for task t  poll 4  1:15"
+    assert out.getvalue().endswith("\r\x1b[2K")  # cleared on exit
+    assert c._live is None
+    assert "\n" not in out.getvalue()
+
+
+def test_status_line_silent_when_piped_or_quiet() -> None:
+    out = io.StringIO()
+    c = Console(out)
+    with c.status_line("waiting") as s:
+        s.update("poll 1")
+        c.info("a message")
+    assert out.getvalue() == "a message\n"
+    assert s.line().startswith("waiting  poll 1  ")  # still usable as a summary
+    tty = FakeTTY()
+    with Console(tty, quiet=True).status_line("waiting") as s:
+        s.update("poll 1")
+    assert tty.getvalue() == ""
+
+
+def test_status_line_no_color_still_live_and_plain(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NO_COLOR", "1")
+    out = FakeTTY()
+    c = Console(out)
+    with c.status_line("waiting") as s:
+        s.update("poll 1")
+        c.warn("slow")
+    text = out.getvalue()
+    assert "\r\x1b[2Kwaiting  poll 1  0:00" in text
+    assert "\x1b[" not in text.replace("\x1b[2K", "")  # no SGR colour codes at all
+    assert "warning: slow\n" in text
+
+
+def test_status_line_is_cleared_before_a_message_and_redrawn_after() -> None:
+    out = FakeTTY()
+    c = Console(out, color=False)
+    s = c.status_line("waiting").start()  # without a with block
+    s.update("poll 2")
+    before = out.getvalue()
+    c.warn("poll 2 failed (will retry)")
+    after = out.getvalue()[len(before):]
+    assert after == "\r\x1b[2Kwarning: poll 2 failed (will retry)\n\r\x1b[2K" + s.line()
+    s.clear()
+    assert out.getvalue().endswith("\r\x1b[2K")
+    n = len(out.getvalue())
+    s.clear()  # nothing drawn: nothing written
+    assert len(out.getvalue()) == n
+    s.close()
+    s.close()  # idempotent
+    s.update("poll 3")  # closed: never drawn again
+    c.info("done")
+    assert out.getvalue()[n:] == "done\n"
+
+
+def test_status_line_truncated_to_width(monkeypatch: pytest.MonkeyPatch) -> None:
+    out = FakeTTY()
+    c = Console(out)
+    monkeypatch.setattr(c, "width", lambda: 30)
+    with c.status_line("waiting for task " + "x" * 40) as s:
+        s.update("poll 1")
+    for chunk in out.getvalue().split("\r\x1b[2K"):
+        assert len(chunk) <= 29

@@ -175,25 +175,29 @@ def test_unknown_task_set_is_a_clear_error(tmp_path: Path) -> None:
             pass
 
 
+# `gmp testbed serve --port 0 --tasks testbed/smoke --results-root DIR --no-save-process
+# --run-id cli`: the handler with the parser's defaults for every other flag, called the way gmp
+# calls it (the parser lives in the meta package, which this package's tests do not install).
+_SERVE = """\
+import sys
+from genmanip_runtime.console import Console
+from genmanip_testbed.cli import serve
+sys.exit(serve(
+    host="127.0.0.1", port=0, token=None, wire="both", robot="manip/lift2/R5a",
+    tasks=["testbed/smoke"], results_root=sys.argv[1], save_process=False, fault=[],
+    no_job=False, run_id="cli", num_steps=None, capacity=8, reset_delay=0.03,
+    is_relative_action=False, seed=0, without_render=False, online_token=None,
+    leaderboard_token=None, ssl_certfile=None, ssl_keyfile=None, console=Console(),
+))
+"""
+
+
 def test_cli_serve_and_interrupt(tmp_path: Path) -> None:
+    """The serve handler in a child process: token from the environment, URL and access log on
+    stderr (never the token), nothing on stdout, Ctrl-C stops it cleanly with exit 0."""
     env = {**os.environ, "GMP_TESTBED_TOKEN": "clitok"}
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "genmanip",
-            "testbed",
-            "serve",
-            "--port",
-            "0",
-            "--tasks",
-            "testbed/smoke",
-            "--results-root",
-            str(tmp_path),
-            "--no-save-process",
-            "--run_id",
-            "cli",
-        ],
+        [sys.executable, "-c", _SERVE, str(tmp_path)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

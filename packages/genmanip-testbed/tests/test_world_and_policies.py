@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 from genmanip_protocol.robots import ROBOTS, get_robot
-from genmanip_testbed import expert_policy, resolve_configs, zero_policy
+from genmanip_testbed import expert_policy, resolve_configs
 from genmanip_testbed.kinematics import fk, ik, mat_to_quat, quat_to_mat
 from genmanip_testbed.policies import ExpertPolicy
 from genmanip_testbed.render import FrameCache
@@ -22,6 +22,16 @@ def _episode(
 ) -> Episode:
     t = next(x for x in all_tasks() if x.name == task)
     return Episode(get_robot(robot), t, seed, f"testbed/run/{task}/{seed}", **kw)
+
+
+class _Hold:
+    """The no-op (genmanip-eval's ``zero`` sends the same action; the testbed does not import eval)."""
+
+    def reset(self) -> None:
+        pass
+
+    def get_action(self, obs):
+        return get_robot(obs["robot_id"]).neutral_action()
 
 
 def _run(policy, tasks, robot=LIFT2) -> list[Episode]:
@@ -50,7 +60,7 @@ def test_expert_success_rate_is_imperfect_and_zero_policy_fails() -> None:
     easy = [e.success for e in expert_eps if e.task.split == "easy"]
     hard = [e.success for e in expert_eps if e.task.split == "hard"]
     assert np.mean(easy) > np.mean(hard)
-    zero_eps = _run(zero_policy(), tasks[:4])
+    zero_eps = _run(_Hold(), tasks[:4])
     assert all(e.score == 0.0 for e in zero_eps)
     assert all(e.timestep == e.num_steps for e in zero_eps)
 
@@ -271,8 +281,28 @@ def test_expert_ee_pose_mode_and_factory_parsing() -> None:
         expert_policy(speeed="1")
     with pytest.raises(ValueError, match="chunk='x'"):
         expert_policy(chunk="x")
-    with pytest.raises(ValueError, match="unknown argument"):
-        zero_policy(noise="1")
+
+
+@pytest.mark.parametrize("robot_id", sorted(ROBOTS))
+@pytest.mark.parametrize("control_type", ["joint_position", "ee_pose"])
+def test_neutral_action_holds_every_robot_still(robot_id: str, control_type: str) -> None:
+    # The protocol's no-op (what genmanip-eval's `zero` sends) really is one in this world.
+    robot = get_robot(robot_id)
+    ep = _episode(robot_id)
+    first = ep.observation(render=False)
+    for _ in range(5):
+        ep.apply(robot.neutral_action(control_type))
+    obs = ep.observation(render=False)
+    assert ep.termination_reason is None and ep.timestep == 5
+    assert np.allclose(obs["state.joints"], first["state.joints"], atol=1e-6)
+    assert np.allclose(obs["state.gripper"], list(robot.gripper_open) * robot.n_arms, atol=1e-6)
+
+
+def test_expert_is_registered_by_name() -> None:
+    from importlib.metadata import entry_points
+
+    (ep,) = [e for e in entry_points(group="genmanip.policies") if e.name == "expert"]
+    assert ep.value == "genmanip_testbed.policies:expert" and ep.load() is expert_policy
 
 
 def test_episodes_are_deterministic_per_task_and_seed() -> None:

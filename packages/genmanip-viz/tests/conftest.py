@@ -4,8 +4,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from genmanip_results.testing import write_client_run, write_live_worker, write_server_run
 from genmanip_viz.server import VizServer
-from genmanip_viz.testing import write_client_run, write_live_worker, write_server_run
 
 #: Hostile strings that must come out of every page escaped.
 XSS_TASK = "ebench/xss/<img src=x onerror=alert(1)>"

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import ipaddress
 import os
@@ -14,11 +13,12 @@ from pathlib import Path
 import pytest
 import requests
 from cryptography import x509
+from genmanip_results.testing import write_client_run
+from genmanip_runtime.console import Console
 from genmanip_viz import cli
 from genmanip_viz.errors import NoRunError
 from genmanip_viz.recording import RRD_NAME, SIDECAR_NAME
 from genmanip_viz.server import VizServer
-from genmanip_viz.testing import write_client_run
 from genmanip_viz.tls import ensure_certificate
 
 
@@ -29,21 +29,21 @@ def test_build_prebuilds_every_complete_episode(
     run = write_client_run(
         tmp_path, "b", "r", tasks={"t/a": [1.0, 0.0], "t/b": [float("nan")]}, steps=6
     )
-    rc = cli.build(argparse.Namespace(run_dir=str(run), jobs=2, quiet=False, verbose=0))
+    rc = cli.build(run_dir=str(run), jobs=2, console=Console())
     assert rc == 0
     assert (run / "t/a/0" / RRD_NAME).is_file() and (run / "t/a/1" / RRD_NAME).is_file()
     assert not (run / "t/b/0" / RRD_NAME).exists()  # incomplete: not built
     out, err = capsys.readouterr()
     assert out.strip() == str(run.resolve())
     assert "2 recordings built, 0 up to date, 0 failed" in err
-    rc = cli.build(argparse.Namespace(run_dir=str(run), jobs=None, quiet=False, verbose=0))
+    rc = cli.build(run_dir=str(run), jobs=None, console=Console())
     assert rc == 0 and "0 recordings built, 2 up to date" in capsys.readouterr().err
 
 
 def test_build_reports_failures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = write_client_run(tmp_path, "b", "r", tasks={"t/a": [1.0, 1.0]}, steps=4)
     (run / "t/a/1/left_camera.mp4").write_bytes(b"garbage")
-    rc = cli.build(argparse.Namespace(run_dir=str(run), jobs=1, quiet=False, verbose=0))
+    rc = cli.build(run_dir=str(run), jobs=1, console=Console())
     assert rc == 1
     err = capsys.readouterr().err
     assert "1 recordings built" in err and "1 failed" in err and "b/r/t/a/1" in err
@@ -52,7 +52,7 @@ def test_build_reports_failures(tmp_path: Path, capsys: pytest.CaptureFixture[st
 
 def test_build_rejects_non_run_dir(tmp_path: Path) -> None:
     with pytest.raises(NoRunError) as ei:
-        cli.build(argparse.Namespace(run_dir=str(tmp_path), jobs=1))
+        cli.build(run_dir=str(tmp_path), jobs=1, console=Console())
     assert "RUN_DIR" in str(ei.value)
 
 
@@ -100,8 +100,9 @@ def test_serve_command_prints_url_and_hint(tree: Path, viz_cache: Path, tmp_path
     """``gmp viz`` end to end in a child process: URL on stdout, hints on stderr, Ctrl-C stops it."""
     env = {**os.environ, "GMP_CACHE_DIR": str(viz_cache.parent / "serve-cache"), "NO_COLOR": "1"}
     code = (
-        "import argparse, sys; from genmanip_viz.cli import serve; "
-        f"sys.exit(serve(argparse.Namespace(root={str(tree)!r}, port=0, host='127.0.0.1', https=None, open=False)))"
+        "import sys; from genmanip_runtime.console import Console; from genmanip_viz.cli import serve; "
+        f"sys.exit(serve(root={str(tree)!r}, port=0, host='127.0.0.1', https=None, open=False, "
+        "console=Console()))"
     )
     proc = subprocess.Popen(
         [sys.executable, "-c", code],
@@ -140,7 +141,7 @@ def test_missing_rerun_names_the_extra(monkeypatch: pytest.MonkeyPatch, tmp_path
     )
     with pytest.raises(VizDependencyError) as ei:
         cli.serve(
-            argparse.Namespace(root=str(tmp_path), port=0, host="127.0.0.1", https=None, open=False)
+            root=str(tmp_path), port=0, host="127.0.0.1", https=None, open=False, console=Console()
         )
-    assert ei.value.hint is not None and "genmanip[viz]" in ei.value.hint
+    assert ei.value.hint is not None and "rerun-sdk==0.41" in ei.value.hint
     assert int(ei.value.exit_code) == 3

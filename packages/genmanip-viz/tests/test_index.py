@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from genmanip_results.discovery import find_runs, load_run
 from genmanip_results.stats import wilson_interval
+from genmanip_results.testing import write_client_run, write_live_worker
 from genmanip_viz.index import (
     ResultsIndex,
     _make_view,
@@ -16,7 +17,6 @@ from genmanip_viz.index import (
     live_workers,
     run_key,
 )
-from genmanip_viz.testing import write_client_run, write_live_worker
 
 from .conftest import XSS_INSTRUCTION, XSS_TASK
 

@@ -17,7 +17,6 @@ def test_all_matches_public_names() -> None:
         "recording",
         "server",
         "tls",
-        "testing",
     }
     assert set(genmanip_viz.__all__) == public | {"__version__"}
     for name in genmanip_viz.__all__:

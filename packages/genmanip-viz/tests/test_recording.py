@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 from genmanip_protocol.errors import UnsafePayloadError
 from genmanip_results.discovery import load_episode
+from genmanip_results.series import SeriesError
+from genmanip_results.testing import write_client_episode, write_client_run, write_server_run
 from genmanip_viz.errors import RecordingBuildError
 from genmanip_viz.recording import (
     RRD_NAME,
@@ -18,7 +20,6 @@ from genmanip_viz.recording import (
     load_episode_data,
     recording_is_fresh,
 )
-from genmanip_viz.testing import write_client_episode, write_client_run, write_server_run
 from rerun.chunk import RrdReader
 
 
@@ -93,10 +94,12 @@ def test_server_episode_uses_meta_record(tmp_path: Path) -> None:
     data = load_episode_data(ep)
     assert data.instruction == "open the drawer" and data.robot_id == "manip/lift2/R5a"
     assert data.state["joints"][1].shape == (15, 12)
+    assert data.state["joints"][0].tolist() == list(range(1, 16))  # record i: state after step i
     assert data.action["arm"][1].shape == (15, 16)
-    assert data.result["score"] == 1.0
+    assert data.result["score"] == 1.0 and data.problems == []
     ents = _entities(build_recording(ep))
-    assert ents["/cameras/left_camera"] == 15 and ents["/state/base"] == 15
+    # frame j is timestep j: the reset observation's frame, then one per step
+    assert ents["/cameras/left_camera"] == 16 and ents["/state/base"] == 15
 
 
 def test_server_own_rrd_is_used_as_is(tmp_path: Path) -> None:
@@ -120,7 +123,8 @@ def test_meta_record_goes_through_the_allow_list(tmp_path: Path) -> None:
     with pytest.raises(RecordingBuildError) as ei:
         build_recording(load_episode(ep_dir))
     assert "meta_record.pkl" in str(ei.value)
-    assert isinstance(ei.value.__cause__, UnsafePayloadError)
+    assert isinstance(ei.value.__cause__, SeriesError)  # the one loader, genmanip_results.series
+    assert isinstance(ei.value.__cause__.__cause__, UnsafePayloadError)
     assert not sentinel.exists()
 
 
@@ -133,17 +137,29 @@ def test_unreadable_video_is_a_typed_error(tmp_path: Path) -> None:
     assert not list(ep_dir.glob("*.part")) and not (ep_dir / RRD_NAME).exists()
 
 
-def test_ragged_and_partial_rows_are_tolerated(tmp_path: Path) -> None:
+def test_ragged_and_cut_rows_are_gaps_and_reported(tmp_path: Path) -> None:
+    """The one bad-row policy (genmanip_results.series): the recording is built, a ragged row is
+    a gap at its step (not dropped), a cut line is skipped, and the result panel says so."""
     run = tmp_path / "b" / "r"
-    ep_dir = write_client_episode(run, "t/a", "0", score=1.0, steps=6, videos=False)
+    ep_dir = write_client_episode(run, "t/a", "0", score=1.0, steps=6)
     lines = (ep_dir / "steps.jsonl").read_text().splitlines()
     bad = json.loads(lines[2])
-    bad["action"]["action"] = [1.0, 2.0]  # wrong length: dropped from the plot, not fatal
+    bad["action"]["action"] = [1.0, 2.0]  # wrong length: a gap in the plot, not fatal
     lines[2] = json.dumps(bad)
     (ep_dir / "steps.jsonl").write_text("\n".join(lines) + '\n{"step": 6, "trunc')
     data = load_episode_data(load_episode(ep_dir))
-    assert data.action["arm"][0].tolist() == [0, 1, 3, 4, 5]
-    assert np.isfinite(data.action["arm"][1]).all()
+    steps, values = data.action["arm"]
+    assert steps.tolist() == [0, 1, 2, 3, 4, 5] and values.shape == (6, 16)
+    assert np.isnan(values[2]).all() and np.isfinite(np.delete(values, 2, axis=0)).all()
+    assert data.problem_summary == (
+        "steps.jsonl: 2 of 7 rows with problems (1 unreadable, 1 ragged): 1 skipped, "
+        "1 kept with gaps"
+    )
+    assert data.problems[0].startswith("steps.jsonl:3: action.action: 2 values where")
+    assert data.problems[1].startswith("steps.jsonl:7: not JSON")
+    out = build_recording(load_episode(ep_dir))
+    assert _entities(out)["/action/arm"] == 6
+    assert b"recording problems" in out.read_bytes()
 
 
 def test_mp4v_server_video_is_transcoded_for_the_browser(tmp_path: Path) -> None:
@@ -175,7 +191,7 @@ def test_mp4v_server_video_is_transcoded_for_the_browser(tmp_path: Path) -> None
     tmp.replace(src)
     assert video_info(src).codec == "mpeg4"
     out = build_recording(load_episode(ep_dir))
-    assert _entities(out)["/cameras/left_camera"] == 10
+    assert _entities(out)["/cameras/left_camera"] == 11  # the reset frame + one per step
     blob = out.read_bytes()
     assert b"avc1" in blob  # the embedded video is H.264 now
 

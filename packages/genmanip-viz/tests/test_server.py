@@ -183,10 +183,13 @@ def test_only_get_and_no_cors(server: VizServer) -> None:
 
 
 def test_loopback_rejects_foreign_host_header(server: VizServer) -> None:
-    status, _ = _raw_get(server, "/", host="evil.example:80")
-    assert status == 421
-    for ok in (f"localhost:{server.port}", f"127.0.0.1:{server.port}", "localhost"):
-        assert _raw_get(server, "/", host=ok)[0] == 200
+    # Browsers reach 0.0.0.0 as this machine, yet a page can name it: refused like any name.
+    for bad in ("evil.example:80", f"0.0.0.0:{server.port}", "localhost.evil.example"):
+        assert _raw_get(server, "/", host=bad)[0] == 421, bad
+    # The one loopback rule (genmanip_runtime.netpolicy): all of 127.0.0.0/8, not only .1.
+    for ok in (f"localhost:{server.port}", f"127.0.0.1:{server.port}", "localhost",
+               f"127.0.0.2:{server.port}", f"[::1]:{server.port}", f"LOCALHOST:{server.port}"):
+        assert _raw_get(server, "/", host=ok)[0] == 200, ok
 
 
 def test_token_cookie_flow(tree: Path, viz_cache: Path) -> None:

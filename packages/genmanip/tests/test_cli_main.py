@@ -20,33 +20,37 @@ from genmanip_runtime.errors import AuthError
 from genmanip_protocol.errors import ValidationError, Violation
 
 
-def ok(args):
-    print("data:" + args.value)
+def ok(*, value, console):
+    print("data:" + value)
     return 0
 
 
-def returns_none(args):
+def returns_none(*, value, console):
     return None
 
 
-def auth(args):
+def auth(*, value, console):
     raise AuthError("GET /status failed: HTTP 401", status=401, hint="set GMP_TOKEN")
 
 
-def invalid(args):
+def invalid(*, value, console):
     raise ValidationError(Violation("action", "16 floats", "9 values", location="a.json[1]"))
 
 
-def interrupt(args):
+def interrupt(*, value, console):
     raise KeyboardInterrupt
 
 
-def bug(args):
+def bug(*, value, console):
     return {}["missing"]
 
 
-def fails(args):
+def fails(*, value, console):
     return 1
+
+
+def no_value(*, console):
+    return 0
 '''
 
 
@@ -73,6 +77,10 @@ def handlers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
                           command="gmp viz")
         _args.add_command(sub, "noattr", handler="gmp_test_handlers:nope",
                           dist="genmanip-test", help="old package")
+        # A spec declaring a dest (--value) that its handler does not accept.
+        p = _args.add_command(sub, "mismatch", handler="gmp_test_handlers:no_value",
+                              dist="genmanip-test", help="stale handler")
+        p.add_argument("--value", default="x")
         return parser
 
     monkeypatch.setattr(main_mod, "build_parser", fake_build_parser)
@@ -84,6 +92,40 @@ def test_handler_runs_and_prints_data_on_stdout(handlers: None, capsys: pytest.C
     assert out == "data:7\n" and err == ""
     assert main_mod.main(["returns_none"]) == 0
     assert main_mod.main(["fails"]) == 1
+
+
+def test_handler_gets_its_dests_and_a_console_as_keywords(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from genmanip_runtime.console import Console
+
+    calls: list[dict[str, Any]] = []
+
+    def spy(**kwargs: Any) -> int:
+        calls.append(kwargs)
+        return 0
+
+    monkeypatch.setattr(main_mod, "resolve_handler", lambda *a, **k: spy)
+    # A sub-action gets its own dests only: not its group's flags (viz's --root, --port, ...),
+    # not the routing keys, not the global flags (those are in the console).
+    assert main_mod.main(["-q", "viz", "--root", "r", "build", "run", "-j", "3"]) == 0
+    kwargs = calls.pop()
+    assert set(kwargs) == {"run_dir", "jobs", "console"}
+    assert (kwargs["run_dir"], kwargs["jobs"]) == ("run", 3)
+    console = kwargs["console"]
+    assert isinstance(console, Console) and console.quiet and console.verbose == 0
+    assert main_mod.main(["validate", "f.json", "-vv"]) == 0
+    kwargs = calls.pop()
+    assert set(kwargs) == {"files", "robot", "kind", "console"}
+    assert not kwargs["console"].quiet and kwargs["console"].verbose == 2
+
+
+def test_a_dest_the_handler_does_not_accept_fails_loudly(
+    handlers: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main_mod.main(["mismatch"]) == ExitCode.INTERNAL
+    err = capsys.readouterr().err
+    assert "internal error in 'gmp mismatch': TypeError" in err and "'value'" in err
 
 
 def test_genmanip_error_maps_to_its_exit_code_with_hint(handlers: None, capsys: pytest.CaptureFixture[str]) -> None:
@@ -103,7 +145,7 @@ def test_an_error_after_a_signal_is_the_signal_not_a_bug(
     handlers: None, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # numpy turns a Ctrl-C during its import into an ImportError: that is the Ctrl-C.
-    def handler(args: Any) -> None:
+    def handler(**kwargs: Any) -> None:
         try:
             cli_pkg._on_sigint(signal.SIGINT, None)
         except KeyboardInterrupt:
@@ -118,7 +160,7 @@ def test_an_error_after_a_signal_is_the_signal_not_a_bug(
 
 def test_sigterm_is_143(handlers: None, capsys: pytest.CaptureFixture[str],
                         monkeypatch: pytest.MonkeyPatch) -> None:
-    def handler(args: Any) -> None:
+    def handler(**kwargs: Any) -> None:
         cli_pkg._on_sigterm(signal.SIGTERM, None)
 
     monkeypatch.setattr(main_mod, "resolve_handler", lambda *a, **k: handler)

@@ -8,7 +8,9 @@ What counts as generated (categories):
   ``merged_with_plot.mp4`` (+ its ``.part``), ``plot.log`` and the reference client's
   ``merged_with_plot_<8 hex>.mp4``, in episode directories or in directories holding a plot.log
   written by this package.
-* ``tmp``: ``*.tmp`` files older than one hour, outside the results trees and outside protected dirs.
+* ``tmp``: ``*.tmp`` files older than one hour, outside the results trees (the root's known trees
+  ``saved/eval_results``, ``client_results``, ``gmp-demo``, ``$GENMANIP_RESULT_DIR`` and every run
+  discovery finds: :mod:`genmanip_results.roots`) and outside protected dirs.
 * ``logs``, ``mesh-cache``, ``download-cache`` (the latter only with ``all_caches=True``): the
   contents of ``<cache>/logs``, ``<cache>/meshes`` and ``<cache>/downloads`` of this project's cache
   directory (:func:`default_cache_dir`). The server layout's ``logs/`` is never touched.
@@ -18,8 +20,7 @@ What counts as generated (categories):
 
 Never: following a symlink (a generated symlink is removed, its target never), descending into
 ``saved/tasks`` / ``saved/demonstrations`` / VCS or virtualenv dirs, deleting a fresh lock, deleting
-write-protected files (they are reported as refused), or anything else in ``client_results`` and
-``saved/eval_results``.
+write-protected files (they are reported as refused), or anything else in a results tree.
 """
 
 from __future__ import annotations
@@ -35,6 +36,21 @@ from pathlib import Path
 from typing import Literal
 
 from genmanip_protocol.errors import GenmanipError
+from genmanip_results.layout import (
+    EVAL_RESULTS_DIR,
+    INCOMPLETE,
+    LOCK_SUFFIX,
+    META_RECORD,
+    RESULT_INFO,
+    RESULT_JSON,
+    SAVED_DIR,
+    SERVER_INPUT_DIRS,
+    STEPS_JSONL,
+    SUBMITTED_FLAG,
+    VIEWER_CACHE_PREFIX,
+)
+from genmanip_results.paths import is_within
+from genmanip_results.roots import known_trees
 
 from .errors import ArtifactsUsageError
 from .plot import MERGED_VIDEO, PLOT_LOG, PLOT_LOG_SIGNATURE, PLOT_OUTPUTS
@@ -53,20 +69,13 @@ __all__ = [
 
 CATEGORIES = ("viewer-cache", "plots", "logs", "tmp", "mesh-cache", "download-cache", "results")
 
-VIEWER_CACHE_PREFIX = ".genmanip_vis."
 TMP_MAX_AGE_S = 3600.0
 #: Same rule as the server: a lock untouched for 300 s is stale.
 LOCK_STALE_S = 300.0
 
 _REFERENCE_MERGED = re.compile(r"^merged_with_plot_[0-9a-f]{8}\.mp4$")
 _PLOT_NAMES = frozenset((*PLOT_OUTPUTS, MERGED_VIDEO + ".part"))
-_EPISODE_MARKERS = (
-    "steps.jsonl",
-    "result.json",
-    "result_info.json",
-    "meta_record.pkl",
-    "INCOMPLETE",
-)
+_EPISODE_MARKERS = (STEPS_JSONL, RESULT_JSON, RESULT_INFO, META_RECORD, INCOMPLETE)
 # Never descended into: other people's trees that happen to sit under a project root.
 _SKIP_DIRS = frozenset(
     {
@@ -84,7 +93,7 @@ _SKIP_DIRS = frozenset(
         ".hypothesis",
     }
 )
-_PROTECTED = (("saved", "tasks"), ("saved", "demonstrations"))
+_PROTECTED = tuple((SAVED_DIR, name) for name in SERVER_INPUT_DIRS)
 _CACHE_SUBDIRS = (("logs", "logs"), ("meshes", "mesh-cache"), ("downloads", "download-cache"))
 
 Kind = Literal["file", "dir", "symlink"]
@@ -213,23 +222,15 @@ def _tree_size(path: Path) -> tuple[int, Path | None]:
     return total, protected
 
 
-def _within(path: Path, base: Path) -> bool:
-    """True when the real location of ``path``'s parent is inside ``base`` (the item itself may be
-    a symlink: only the link is ever removed)."""
-    parent = os.path.realpath(path.parent)
-    b = os.path.realpath(base)
-    return parent == b or parent.startswith(b.rstrip(os.sep) + os.sep)
-
-
 def _newest_activity(run_dir: Path) -> float:
     """Newest mtime in a run, ignoring what is written after a run ends (submission flag, viewer
     caches, plots) and the locks (checked separately)."""
 
     def after_the_run(name: str) -> bool:
         return (
-            name == "submitted.flag"
+            name == SUBMITTED_FLAG
             or name.startswith(VIEWER_CACHE_PREFIX)
-            or name.endswith(".lock")
+            or name.endswith(LOCK_SUFFIX)
             or name in _PLOT_NAMES
         )
 
@@ -253,14 +254,14 @@ def _fresh_locks(run_dir: Path, now: float) -> list[str]:
         pass
     # Independent of the JSON content: a lock file touched recently is live, whatever it says.
     for p in _iter_files(run_dir):
-        if p.name.endswith(".lock"):
+        if p.name.endswith(LOCK_SUFFIX):
             try:
                 st = p.lstat()
             except OSError:
                 continue
             rel = os.path.relpath(p, run_dir)
             if now - st.st_mtime < LOCK_STALE_S and rel not in out:
-                seed_done = (p.parent / p.name[: -len(".lock")] / "result_info.json").exists()
+                seed_done = (p.parent / p.name[: -len(LOCK_SUFFIX)] / RESULT_INFO).exists()
                 if not seed_done:
                     out.append(rel)
     return sorted(set(out))
@@ -427,14 +428,10 @@ def _plan_cache(ctx: _Ctx, cache_dir: Path, all_caches: bool) -> None:
 
 
 def _results_trees(root: Path) -> list[str]:
-    """Absolute paths of every results tree under ``root`` (by name and by discovery)."""
-    trees = {
-        os.path.abspath(root / "saved" / "eval_results"),
-        os.path.abspath(root / "client_results"),
-    }
-    env = os.environ.get("GENMANIP_RESULT_DIR")
-    if env:
-        trees.add(os.path.abspath(env))
+    """Absolute paths of every results tree of ``root``: its known trees and
+    ``$GENMANIP_RESULT_DIR`` (:func:`genmanip_results.roots.known_trees`), and every run
+    discovery finds under it."""
+    trees = {os.path.abspath(t) for t in known_trees(root)}
     try:
         from genmanip_results.discovery import find_runs
 
@@ -446,7 +443,7 @@ def _results_trees(root: Path) -> list[str]:
 
 
 def _plan_results(ctx: _Ctx, force: bool) -> None:
-    base = ctx.root / "saved" / "eval_results"
+    base = ctx.root / SAVED_DIR / EVAL_RESULTS_DIR
     try:
         bst = os.lstat(base)
     except OSError:
@@ -462,7 +459,8 @@ def _plan_results(ctx: _Ctx, force: bool) -> None:
         path = Path(run.path)
         if run.layout != "server":
             continue
-        if not _within(path, base):
+        # (the parent: a run directory that is itself a symlink is refused just below)
+        if not is_within(path.parent, base):
             ctx.plan.refused.append(
                 Refusal(path, "results", "outside saved/eval_results; not followed")
             )
@@ -564,7 +562,7 @@ def _rmtree(parent_fd: int, name: str, now: float) -> None:
             if e.is_dir(follow_symlinks=False):
                 _rmtree(fd, e.name, now)
                 continue
-            if e.name.endswith(".lock"):
+            if e.name.endswith(LOCK_SUFFIX):
                 st = e.stat(follow_symlinks=False)
                 if now - st.st_mtime < LOCK_STALE_S:
                     raise _LiveLockFound(e.name)
@@ -600,7 +598,8 @@ def execute_clean(plan: CleanPlan, *, now: float | None = None) -> CleanReport:
         if not _same(st, item):
             report.failed.append((item, "changed since it was listed; left alone"))
             continue
-        if not (_within(path, plan.root) or _within(path, plan.cache_dir)):
+        # The parent's real location: the item itself may be a symlink (only the link goes).
+        if not (is_within(path.parent, plan.root) or is_within(path.parent, plan.cache_dir)):
             report.failed.append((item, "no longer inside the root; left alone"))
             continue
         if item.category == "results":

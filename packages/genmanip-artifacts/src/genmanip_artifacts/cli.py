@@ -5,7 +5,6 @@ Data (written files, the cleanup plan) goes to stdout; talk, warnings and errors
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -46,11 +45,13 @@ def _episode_subdir(ep_dir: Path, index: int) -> Path:
         return Path(f"episode_{index:04d}")
 
 
-def _collect_jobs(args: argparse.Namespace, console: Console) -> list[tuple[Path, Path | None]]:
+def _collect_jobs(
+    episode_dirs: list[str] | None, runs: list[str] | None, out: str | None, console: Console
+) -> list[tuple[Path, Path | None]]:
     from genmanip_results.discovery import is_run_dir, load_run
 
-    episodes = [Path(p) for p in _as_list(getattr(args, "episodes", None))]
-    for run in _as_list(getattr(args, "run", None)):
+    episodes = [Path(p) for p in _as_list(episode_dirs)]
+    for run in _as_list(runs):
         run_dir = Path(run)
         if not run_dir.is_dir() or not is_run_dir(run_dir):
             raise ArtifactsUsageError(
@@ -73,7 +74,6 @@ def _collect_jobs(args: argparse.Namespace, console: Console) -> list[tuple[Path
         if key not in seen:
             seen.add(key)
             unique.append(ep)
-    out = getattr(args, "out", None)
     if out is None:
         return [(ep, None) for ep in unique]
     out_dir = Path(out)
@@ -82,25 +82,30 @@ def _collect_jobs(args: argparse.Namespace, console: Console) -> list[tuple[Path
     return [(ep, out_dir / _episode_subdir(ep, i)) for i, ep in enumerate(unique)]
 
 
-def plot(args: argparse.Namespace) -> int:
+def plot(
+    *,
+    episodes: list[str],
+    run: list[str] | None,
+    jobs: int | None,
+    out: str | None,
+    video: bool,
+    console: Console,
+) -> int:
     """``gmp plot EPISODE_DIR... | --run RUN_DIR [--jobs N] [--out DIR] [--no-video]``.
 
     Writes state/action PNGs and the overlay video per episode; prints every written file on
     stdout. A failing episode is one error line; the others continue; exit FAILURE with a count.
     """
-    console = Console.from_args(args)
-    jobs = _collect_jobs(args, console)
-    n_jobs = getattr(args, "jobs", None)
-    workers = int(n_jobs) if n_jobs is not None else (os.cpu_count() or 1)
+    todo = _collect_jobs(episodes, run, out, console)
+    workers = int(jobs) if jobs is not None else (os.cpu_count() or 1)
     if workers < 1:
-        raise ArtifactsUsageError(f"--jobs: expected a positive number, got {n_jobs}")
-    video = bool(getattr(args, "video", True))
+        raise ArtifactsUsageError(f"--jobs: expected a positive number, got {jobs}")
     failed = 0
     # Written files go to stdout as they appear, unless stdout shares the terminal with the live
     # progress line (stderr): then they are printed once the line is gone.
     held: list[str] | None = [] if console.is_tty and _isatty(sys.stdout) else None
 
-    with console.progress(len(jobs), "plot", unit="episodes") as progress:
+    with console.progress(len(todo), "plot", unit="episodes") as progress:
 
         def done(o: EpisodeOutcome) -> None:
             nonlocal failed
@@ -123,15 +128,15 @@ def plot(args: argparse.Namespace) -> int:
             else:
                 progress.update(1)
 
-        plot_episodes(jobs, video=video, workers=min(workers, len(jobs)), on_done=done)
+        plot_episodes(todo, video=video, workers=min(workers, len(todo)), on_done=done)
         elapsed = progress.elapsed_s
     if held:
         sys.stdout.write("".join(held))
         sys.stdout.flush()
-    ok = len(jobs) - failed
-    console.info(f"plotted {ok} of {len(jobs)} episode(s) in {format_duration(elapsed)}")
+    ok = len(todo) - failed
+    console.info(f"plotted {ok} of {len(todo)} episode(s) in {format_duration(elapsed)}")
     if failed:
-        raise PlotFailures(failed, len(jobs))
+        raise PlotFailures(failed, len(todo))
     return int(ExitCode.OK)
 
 
@@ -182,7 +187,18 @@ def _interactive() -> bool:
     return _isatty(sys.stdin) and _isatty(sys.stderr)
 
 
-def clean(args: argparse.Namespace) -> int:
+def clean(
+    *,
+    root: str,
+    plots: bool,
+    results: bool,
+    all: bool,  # --all's dest; shadows the builtin, which this function does not use
+    force: bool,
+    yes: bool,
+    dry_run: bool,
+    cache_dir: str | None,
+    console: Console,
+) -> int:
     """``gmp clean [--root DIR] [--plots] [--results] [--all] [--force] [--yes] [--dry-run]
     [--cache-dir DIR]``.
 
@@ -192,15 +208,14 @@ def clean(args: argparse.Namespace) -> int:
     that matched was kept (write-protected, symlinked), or when the prompt was declined; FAILURE
     when a deletion failed.
     """
-    console = Console.from_args(args)
-    everything = bool(getattr(args, "all", False))
+    everything = all
     plan = plan_clean(
-        getattr(args, "root", None) or ".",
-        plots=bool(getattr(args, "plots", False)) or everything,
-        results=bool(getattr(args, "results", False)),
+        root or ".",
+        plots=plots or everything,
+        results=results,
         all_caches=everything,
-        force=bool(getattr(args, "force", False)),
-        cache_dir=getattr(args, "cache_dir", None),
+        force=force,
+        cache_dir=cache_dir,
     )
     for r in plan.refused:
         console.warn(f"kept {_show(r.path, plan)}: {r.reason}")
@@ -213,8 +228,7 @@ def clean(args: argparse.Namespace) -> int:
             return int(ExitCode.REFUSED)
         console.info("nothing to clean")
         return int(ExitCode.NOTHING_TO_DO)
-    dry = bool(getattr(args, "dry_run", False))
-    yes = bool(getattr(args, "yes", False))
+    dry = dry_run
     if dry or not yes:
         _print_plan(plan, heading="would delete")
         if dry:

@@ -23,20 +23,23 @@ from .errors import (
 )
 from .hooks import EPISODE_HOOK_GROUP, HookNotInstalledError, load_episode_hook
 from .policy import (
-    BUILTIN_POLICIES,
+    POLICY_GROUP,
     PolicyHandle,
+    PolicyNotInstalledError,
     ZeroPolicy,
+    installed_policies,
     load_policy_factory,
     parse_policy_args,
+    zero_policy,
 )
 from .recording import Recorder, camera_name, resolve_results_root
 from .runner import EvalConfig, RunSummary, run_eval, run_workers
 
 __all__ = [
-    "BUILTIN_POLICIES",
     "DEFAULT_TIMEOUTS",
     "DEFAULT_URL",
     "EPISODE_HOOK_GROUP",
+    "POLICY_GROUP",
     "ActionInputError",
     "EpisodeIdError",
     "EvalClient",
@@ -45,6 +48,7 @@ __all__ = [
     "HookNotInstalledError",
     "PolicyError",
     "PolicyHandle",
+    "PolicyNotInstalledError",
     "Recorder",
     "RecordingError",
     "ResetTimeout",
@@ -57,6 +61,7 @@ __all__ = [
     "ZeroPolicy",
     "__version__",
     "camera_name",
+    "installed_policies",
     "is_action_dict",
     "load_episode_hook",
     "load_policy_factory",
@@ -65,4 +70,5 @@ __all__ = [
     "resolve_results_root",
     "run_eval",
     "run_workers",
+    "zero_policy",
 ]

@@ -6,7 +6,6 @@ the results path go to stderr.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from collections.abc import Mapping, Sequence
@@ -26,7 +25,7 @@ from .policy import parse_policy_args
 from .runner import EvalConfig, RunSummary
 from .runner import run_eval as _run_eval
 
-__all__ = ["per_task_rows", "run_eval", "status", "submit"]
+__all__ = ["eval_config", "eval_exit_code", "evaluate", "per_task_rows", "run_eval", "status", "submit"]
 
 
 class JobRefused(GenmanipEvalError):
@@ -35,9 +34,8 @@ class JobRefused(GenmanipEvalError):
     exit_code = ExitCode.FAILURE
 
 
-def _url(args: argparse.Namespace) -> str:
-    return build_base_url(getattr(args, "url", None), getattr(args, "host", None) or "127.0.0.1",
-                          getattr(args, "port", None) or 8087)
+def _url(url: str | None, host: str | None, port: int | None) -> str:
+    return build_base_url(url, host or "127.0.0.1", port or 8087)
 
 
 def _worker_ids(value: Any) -> list[str]:
@@ -87,48 +85,141 @@ def _live_fields(state: dict[str, Any]) -> dict[str, Any]:
     return fields
 
 
-def run_eval(args: argparse.Namespace) -> int:
-    """``gmp eval``: evaluate a policy, record the episodes, print per-task results."""
-    console = Console.from_args(args)
-    robot = getattr(args, "robot", None)
-    if robot is None and getattr(args, "arm_type", None):
-        robot = resolve_robot(args.arm_type, getattr(args, "gripper_type", None)).robot_id
-    policy_args = parse_policy_args(getattr(args, "policy_arg", None))
-    control_type = getattr(args, "control_type", None)
+def eval_config(
+    console: Console,
+    *,
+    url: str,
+    token: str | None,
+    ca_cert: str | None,
+    run_id: str | None,
+    worker_ids: str,
+    processes: int,
+    max_episodes: int | None,
+    max_recoveries: int,
+    policy: str,
+    policy_arg: Sequence[str] | None,
+    chunk_size: int | None,
+    step_chunk: bool,
+    robot: str | None,
+    arm_type: str | None,
+    gripper_type: str | None,
+    control_type: str | None,
+    codec: str,
+    frames: str,
+    render_mode: str | None,
+    subframes: int | None,
+    results_dir: str | None,
+    record: bool,
+    live_every: int,
+    plot_on_episode_end: bool,
+) -> EvalConfig:
+    """The :class:`EvalConfig` of ``gmp eval``'s flags, for a server at ``url`` (already built).
+
+    The one reading of those flags, shared by ``gmp eval`` and ``gmp online run``: the legacy
+    ``--arm-type``/``--gripper-type`` robot selection, ``--control-type`` (warned about on
+    ``console`` unless the policy is ``zero``), an empty ``--worker-ids`` (an error).
+    """
+    if robot is None and arm_type:
+        robot = resolve_robot(arm_type, gripper_type).robot_id
+    policy_args = parse_policy_args(policy_arg)
     if control_type:
-        if (getattr(args, "policy", None) or "zero") == "zero":
+        if (policy or "zero") == "zero":
             policy_args.setdefault("control_type", control_type)
         else:
             console.warn("--control-type only applies to --policy zero: your policy chooses each action's control_type")
-    chunk = getattr(args, "chunk_size", None)
-    recoveries = getattr(args, "max_recoveries", None)
     cfg = EvalConfig(
-        url=_url(args),
-        token=getattr(args, "token", None),
-        run_id=getattr(args, "run_id", None) or None,
-        worker_ids=_worker_ids(getattr(args, "worker_ids", "0")),
-        processes=max(1, int(getattr(args, "processes", 1) or 1)),
-        policy=getattr(args, "policy", None) or "zero",
+        url=url,
+        token=token,
+        run_id=run_id or None,
+        worker_ids=_worker_ids(worker_ids),
+        processes=max(1, int(processes or 1)),
+        policy=policy or "zero",
         policy_args=policy_args,
-        chunk_size=chunk if chunk and chunk > 1 else None,
-        step_chunk=bool(getattr(args, "step_chunk", False)),
-        render_mode=getattr(args, "render_mode", None),
-        subframes=getattr(args, "subframes", None),
-        codec=getattr(args, "codec", None) or "auto",
-        frames=getattr(args, "frames", None) or "auto",
+        chunk_size=chunk_size if chunk_size and chunk_size > 1 else None,
+        step_chunk=step_chunk,
+        render_mode=render_mode,
+        subframes=subframes,
+        codec=codec or "auto",
+        frames=frames or "auto",
         robot=robot,
-        record=bool(getattr(args, "record", True)),
-        results_dir=getattr(args, "results_dir", None),
-        live_every=int(getattr(args, "live_every", 0) or 0),
-        max_episodes=getattr(args, "max_episodes", None),
-        max_recoveries=5 if recoveries is None else max(0, int(recoveries)),
-        plot_on_episode_end=bool(getattr(args, "plot_on_episode_end", False)),
-        ca_file=getattr(args, "ca_cert", None),
+        record=record,
+        results_dir=results_dir,
+        live_every=int(live_every or 0),
+        max_episodes=max_episodes,
+        max_recoveries=max(0, int(max_recoveries)),
+        plot_on_episode_end=plot_on_episode_end,
+        ca_file=ca_cert,
     )
     if not cfg.worker_ids:
         raise GenmanipEvalError("--worker-ids: no worker id given")
-    summary = evaluate(cfg, console)
+    return cfg
+
+
+def eval_exit_code(cfg: EvalConfig, summary: RunSummary) -> int:
+    """OK when the server's job is complete (or ``--max-episodes`` bounded the run), else FAILURE."""
     return 0 if summary.complete or cfg.max_episodes is not None else int(ExitCode.FAILURE)
+
+
+def run_eval(
+    *,
+    url: str | None,
+    host: str | None,
+    port: int | None,
+    token: str | None,
+    ca_cert: str | None,
+    run_id: str | None,
+    worker_ids: str,
+    processes: int,
+    max_episodes: int | None,
+    max_recoveries: int,
+    policy: str,
+    policy_arg: list[str],
+    chunk_size: int,
+    step_chunk: bool,
+    robot: str | None,
+    arm_type: str | None,
+    gripper_type: str | None,
+    control_type: str | None,
+    codec: str,
+    frames: str,
+    render_mode: str | None,
+    subframes: int | None,
+    results_dir: str | None,
+    record: bool,
+    live_every: int,
+    plot_on_episode_end: bool,
+    console: Console,
+) -> int:
+    """``gmp eval``: evaluate a policy, record the episodes, print per-task results."""
+    cfg = eval_config(
+        console,
+        url=_url(url, host, port),
+        token=token,
+        ca_cert=ca_cert,
+        run_id=run_id,
+        worker_ids=worker_ids,
+        processes=processes,
+        max_episodes=max_episodes,
+        max_recoveries=max_recoveries,
+        policy=policy,
+        policy_arg=policy_arg,
+        chunk_size=chunk_size,
+        step_chunk=step_chunk,
+        robot=robot,
+        arm_type=arm_type,
+        gripper_type=gripper_type,
+        control_type=control_type,
+        codec=codec,
+        frames=frames,
+        render_mode=render_mode,
+        subframes=subframes,
+        results_dir=results_dir,
+        record=record,
+        live_every=live_every,
+        plot_on_episode_end=plot_on_episode_end,
+    )
+    summary = evaluate(cfg, console)
+    return eval_exit_code(cfg, summary)
 
 
 def evaluate(cfg: EvalConfig, console: Console, *, label: str = "eval") -> RunSummary:
@@ -218,14 +309,22 @@ def evaluate(cfg: EvalConfig, console: Console, *, label: str = "eval") -> RunSu
     return summary
 
 
-def submit(args: argparse.Namespace) -> int:
+def submit(
+    *,
+    configs: list[str],
+    run_id: str | None,
+    url: str | None,
+    host: str | None,
+    port: int | None,
+    token: str | None,
+    ca_cert: str | None,
+    console: Console,
+) -> int:
     """``gmp submit CONFIG...``: start a job, status-aware like the reference client."""
-    console = Console.from_args(args)
-    configs = [str(c) for c in args.configs]
-    run_id = getattr(args, "run_id", None) or None
+    configs = [str(c) for c in configs]
+    run_id = run_id or None
     with EvalClient(
-        _url(args), ["0"], None, getattr(args, "token", None), kill_on_close=False,
-        ca_file=getattr(args, "ca_cert", None),
+        _url(url, host, port), ["0"], None, token, kill_on_close=False, ca_file=ca_cert,
     ) as client:
         st = parse_status({"data": client.status()})
         if st.status == "running" and st.active_workers:
@@ -284,14 +383,24 @@ def _status_text(st: ServerStatus, console: Console) -> str:
     return text
 
 
-def status(args: argparse.Namespace) -> int:
+def status(
+    *,
+    as_json: bool,
+    watch: bool,
+    interval: float,
+    run_id: str | None,
+    url: str | None,
+    host: str | None,
+    port: int | None,
+    token: str | None,
+    ca_cert: str | None,
+    console: Console,
+) -> int:
     """``gmp status``: the server's job status and per-task mean scores."""
-    console = Console.from_args(args)
-    want_run = getattr(args, "run_id", None)
-    interval = max(0.2, float(getattr(args, "interval", 2.0) or 2.0))
+    want_run = run_id
+    interval = max(0.2, float(interval or 2.0))
     with EvalClient(
-        _url(args), ["0"], None, getattr(args, "token", None), kill_on_close=False,
-        ca_file=getattr(args, "ca_cert", None),
+        _url(url, host, port), ["0"], None, token, kill_on_close=False, ca_file=ca_cert,
     ) as client:
         last = None
         while True:
@@ -299,7 +408,7 @@ def status(args: argparse.Namespace) -> int:
             st = parse_status({"data": data})
             if want_run and st.run_id != want_run:
                 console.warn(f"the server's current run is {st.run_id!r}, not {want_run!r}")
-            if getattr(args, "json", False):
+            if as_json:
                 out = json.dumps(data, sort_keys=True)
                 if out != last:
                     print(out, flush=True)
@@ -312,7 +421,7 @@ def status(args: argparse.Namespace) -> int:
                     print(text, end="", flush=True)
                 last = text
             # A fresh job reads "idle" too: only stop watching an idle server with no tasks.
-            if not getattr(args, "watch", False) or st.complete or (
+            if not watch or st.complete or (
                 st.status == "idle" and st.total_episodes == 0
             ):
                 break

@@ -59,8 +59,9 @@ from genmanip_protocol.schema import (
 )
 from genmanip_runtime.config import resolve_token
 from genmanip_runtime.errors import ConnectError, HTTPStatusError, RequestTimeout, TransportError
+from genmanip_runtime.netpolicy import is_loopback_host
 from genmanip_runtime.retry import Backoff, retry_call
-from genmanip_runtime.transport import HttpTransport, build_base_url, is_loopback_host
+from genmanip_runtime.transport import HttpTransport, build_base_url
 
 from .actions import normalize_step_input
 from .errors import GenmanipEvalError, ResetTimeout, StepError, StepTimeout

@@ -11,20 +11,18 @@ A hook factory returns a callable ``hook(episode_dir: Path) -> None`` that must 
 from __future__ import annotations
 
 from collections.abc import Callable
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
 from genmanip_protocol.errors import ExitCode
 
 from .errors import GenmanipEvalError
+from .plugins import entry_points_of, providers
 
 __all__ = ["EPISODE_HOOK_GROUP", "HookNotInstalledError", "load_episode_hook"]
 
 EPISODE_HOOK_GROUP = "genmanip.episode_hooks"
 
-#: Which distribution provides each hook this project knows of (for the install hint).
-_PROVIDERS = {"plot": "genmanip-artifacts"}
 
 
 class HookNotInstalledError(GenmanipEvalError):
@@ -39,13 +37,16 @@ def load_episode_hook(name: str) -> Callable[[Path], Any]:
     Raises:
         HookNotInstalledError: nothing provides it; the message names the package to install.
     """
-    for ep in entry_points(group=EPISODE_HOOK_GROUP):
+    for ep in entry_points_of(EPISODE_HOOK_GROUP):
         if ep.name == name:
             factory = ep.load()
             hook: Callable[[Path], Any] = factory()
             return hook
-    dist = _PROVIDERS.get(name, "the package that provides it")
+    dist = providers(EPISODE_HOOK_GROUP).get(name)
     raise HookNotInstalledError(
         f"episode hook {name!r} is not installed",
-        hint=f"pip install {dist}",
+        hint=f"pip install {dist}" if dist else (
+            f"install the distribution that registers it under "
+            f'[project.entry-points."{EPISODE_HOOK_GROUP}"]'
+        ),
     )

@@ -1,4 +1,4 @@
-"""The policy interface of ``gmp eval`` and how policies are loaded.
+"""The policy interface of ``gmp eval`` and how policies are found.
 
 A **policy** is any object with
 
@@ -9,9 +9,23 @@ A **policy** is any object with
 
 ``gmp eval`` makes one policy instance per worker, so a policy may keep per-episode state.
 A **factory** is a callable taking keyword arguments (the ``--policy-arg k=v`` values, as strings:
-the factory parses them) and returning a policy; it is named ``package.module:callable`` or by a
-built-in name: ``zero`` (the no-op actions the reference ``gmp eval`` sent) or ``expert``
-(``genmanip_testbed.policies:expert``, the testbed's scripted expert).
+the factory parses them) and returning a policy. ``--policy`` names it
+
+* as ``package.module:callable`` (imported directly), or
+* by a bare name registered in the ``genmanip.policies`` entry-point group
+  (:data:`POLICY_GROUP`), the way a model repo registers its own policy::
+
+      [project.entry-points."genmanip.policies"]
+      mymodel = "mymodel.policy:make"
+
+  genmanip-eval registers ``zero`` (:class:`ZeroPolicy`); other gmp distributions register theirs
+  (the testbed's scripted ``expert``). genmanip-eval never imports them by name: it only reads the
+  group, so it does not depend on what sits above it.
+
+An unknown name raises :class:`PolicyNotInstalledError` listing the installed names with a
+did-you-mean. Its install hint comes from the ``genmanip.providers`` tables
+(:mod:`genmanip_eval.plugins`), so the hint names the distribution to install without this package
+knowing it.
 
 A returned action may also be wrapped as ``{worker_id: action_dict}`` (the EBench ``ModelClient``
 style); the single value is unwrapped.
@@ -19,91 +33,181 @@ style); the single value is unwrapped.
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import logging
 from collections.abc import Callable, Mapping, Sequence
+from importlib.metadata import EntryPoint
 from typing import Any
 
-from genmanip_protocol.errors import ExitCode
+from genmanip_protocol.errors import ExitCode, ValidationError
 from genmanip_protocol.robots import get_robot
 from genmanip_protocol.schema import CONTROL_TYPES
 
 from .actions import is_action_dict
 from .errors import PolicyError
+from .plugins import entry_points_of, providers
 
 __all__ = [
-    "BUILTIN_POLICIES",
+    "POLICY_GROUP",
     "PolicyHandle",
+    "PolicyNotInstalledError",
     "ZeroPolicy",
+    "installed_policies",
     "load_policy_factory",
     "parse_policy_args",
+    "zero_policy",
 ]
+
+log = logging.getLogger("genmanip_eval.policy")
+
+#: Entry-point group of policy factories: ``name = "package.module:factory"``.
+POLICY_GROUP = "genmanip.policies"
+
+
+class PolicyNotInstalledError(PolicyError):
+    """No installed distribution registers the requested policy name.
+
+    Attributes:
+        name: the requested name.
+        installed: the names that are installed (sorted).
+    """
+
+    exit_code = ExitCode.NOT_INSTALLED
+
+    def __init__(self, message: str, *, name: str, installed: Sequence[str], hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.name = name
+        self.installed = list(installed)
 
 
 class ZeroPolicy:
-    """Actions that hold the robot still: relative all-zero joint deltas (``is_rel=True``).
+    """The no-op policy: every action holds the robot still with its grippers open.
 
-    This is what the reference client's ``gmp eval`` sent. The action length comes from the
-    observation's ``robot_id`` (or ``robot=``). With ``control_type="ee_pose"`` each arm gets the
-    identity pose delta ``[[0, 0, 0], [1, 0, 0, 0], gripper]`` (relative; the gripper, always
-    absolute, is kept where ``state.gripper`` says it is).
+    Each action is :meth:`genmanip_protocol.robots.RobotSpec.neutral_action` of the robot:
+    ``is_rel=True`` with zero arm deltas, the grippers at their open values (absolute, as gripper
+    entries always are), and a zero relative ``base_motion`` on mobile robots. The reference
+    client's ``gmp eval`` sends a "fake" no-op of this shape whose values are off for some robots
+    (all-zero closes the panda gripper); this one is exact. It scores 0.
+
+    Args:
+        robot: robot id or alias; default: each observation's ``robot_id``.
+        control_type: ``"joint_position"`` (a flat vector) or ``"ee_pose"`` (identity pose deltas).
+        chunk: actions per :meth:`get_action_chunk` call (``gmp eval --chunk-size`` truncates it).
     """
 
-    def __init__(self, robot: str | None = None, control_type: str = "joint_position") -> None:
+    def __init__(self, robot: str | None = None, control_type: str = "joint_position", chunk: int = 4) -> None:
         if control_type not in CONTROL_TYPES:
             raise PolicyError(
                 f"policy 'zero': control_type must be one of {', '.join(CONTROL_TYPES)}, got {control_type!r}"
             )
+        if chunk < 1:
+            raise PolicyError(f"policy 'zero': chunk must be at least 1, got {chunk}")
+        if robot:
+            try:
+                robot = get_robot(robot).robot_id  # fail at load, not at the first step
+            except ValidationError as exc:
+                raise PolicyError(f"policy 'zero': robot={robot!r}: {exc}") from exc
         self._robot = robot
         self.control_type = control_type
+        self.chunk = chunk
 
     def reset(self) -> None:
-        """Nothing to reset."""
+        """Nothing to reset: the policy is stateless."""
 
     def get_action(self, obs: Mapping[str, Any]) -> dict[str, Any]:
-        spec = get_robot(self._robot or obs.get("robot_id") or "")
-        action: dict[str, Any] = {"control_type": self.control_type, "is_rel": True}
-        if self.control_type == "joint_position":
-            action["action"] = [0.0] * spec.action_dim
-        else:
-            state = obs.get("state.gripper")
-            grip = [float(x) for x in state] if state is not None and len(state) == spec.gripper_dim else None
-            arms = []
-            for i in range(spec.n_arms):
-                g = grip[i * spec.gripper_dof : (i + 1) * spec.gripper_dof] if grip else list(spec.gripper_open)
-                arms.append([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0], g])
-            action["action"] = arms if spec.dual_arm else arms[0]
-        if spec.has_base:
-            action["base_motion"] = [0.0, 0.0, 0.0]
-            action["base_is_rel"] = True
-        return action
-
-
-def _zero_factory(**kwargs: str) -> ZeroPolicy:
-    unknown = set(kwargs) - {"robot", "control_type"}
-    if unknown:
-        raise PolicyError(f"policy 'zero' takes only robot=... and control_type=..., got {sorted(unknown)}")
-    return ZeroPolicy(robot=kwargs.get("robot"), control_type=kwargs.get("control_type", "joint_position"))
-
-
-def _expert_factory(**kwargs: str) -> Any:
-    try:
-        mod = importlib.import_module("genmanip_testbed.policies")
-    except ModuleNotFoundError as exc:
-        if exc.name and exc.name.split(".")[0] == "genmanip_testbed":
+        """The robot's no-op action for ``obs`` (a new dict each call)."""
+        rid = self._robot or obs.get("robot_id")
+        if not rid:
             raise PolicyError(
-                "policy 'expert' is the testbed's scripted expert and needs the genmanip-testbed "
-                "package",
-                hint="pip install genmanip-testbed (or 'genmanip[testbed]')",
-            ) from exc
-        raise
-    return mod.expert(**kwargs)
+                "policy 'zero': the observation has no robot_id",
+                hint="pass --policy-arg robot=<robot id> (e.g. manip/lift2/R5a)",
+            )
+        return get_robot(str(rid)).neutral_action(self.control_type)
+
+    def get_action_chunk(self, obs: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """``chunk`` no-op actions (independent dicts): shape ``(chunk, ...)``."""
+        return [self.get_action(obs) for _ in range(self.chunk)]
 
 
-#: Built-in policy names -> factories.
-BUILTIN_POLICIES: Mapping[str, Callable[..., Any]] = {
-    "zero": _zero_factory,
-    "expert": _expert_factory,
-}
+def zero_policy(**kwargs: str) -> ZeroPolicy:
+    """Factory of :class:`ZeroPolicy`, entry point ``genmanip.policies:zero``.
+
+    Accepts the strings ``robot=<id>``, ``control_type=joint_position|ee_pose`` and ``chunk=<n>``.
+    """
+    unknown = set(kwargs) - {"robot", "control_type", "chunk"}
+    if unknown:
+        raise PolicyError(
+            f"policy 'zero' takes only robot=..., control_type=... and chunk=..., got {sorted(unknown)}"
+        )
+    try:
+        chunk = int(kwargs.get("chunk", 4))
+    except ValueError:
+        raise PolicyError(f"policy 'zero': chunk={kwargs['chunk']!r} is not an integer") from None
+    return ZeroPolicy(
+        robot=kwargs.get("robot") or None,
+        control_type=kwargs.get("control_type", "joint_position"),
+        chunk=chunk,
+    )
+
+
+def installed_policies() -> dict[str, list[EntryPoint]]:
+    """Every name of the ``genmanip.policies`` group -> its entry points (more than one = a clash)."""
+    out: dict[str, list[EntryPoint]] = {}
+    for ep in entry_points_of(POLICY_GROUP):
+        out.setdefault(ep.name, []).append(ep)
+    return out
+
+
+def _dist_name(ep: EntryPoint) -> str:
+    dist = getattr(ep, "dist", None)
+    name = getattr(dist, "name", None) if dist is not None else None
+    return str(name) if name else "an unknown distribution"
+
+
+def _not_installed(spec: str, installed: Mapping[str, Any]) -> PolicyNotInstalledError:
+    names = sorted(installed)
+    known = providers(POLICY_GROUP)
+    message = f"--policy {spec!r}: no installed policy has that name (installed: {', '.join(names) or 'none'})"
+    close = difflib.get_close_matches(spec, names, n=1)
+    if not close and spec not in known:
+        # A typo of a policy this project ships but that is not installed here.
+        close = difflib.get_close_matches(spec, sorted(known), n=1)
+    guess = close[0] if close else None
+    if guess is not None:
+        message += f"; did you mean {guess!r}?"
+    if spec in known:
+        hint = f"policy {spec!r} comes with {known[spec]}: pip install {known[spec]}"
+    elif guess is not None and guess in installed:
+        hint = f"--policy {guess}"
+    elif guess is not None:
+        hint = f"policy {guess!r} comes with {known[guess]}: pip install {known[guess]}"
+    elif "." in spec:
+        hint = f"a module is named with its factory: --policy {spec}:<factory>"
+    else:
+        # No table names a provider (with genmanip-eval alone there is none, and this package
+        # names nothing above it): say how a policy gets a name.
+        hint = (
+            "install the distribution that provides it, name your factory as "
+            f'package.module:callable, or register it under [project.entry-points."{POLICY_GROUP}"]'
+        )
+    return PolicyNotInstalledError(message, name=spec, installed=names, hint=hint)
+
+
+def _load_entry_point(spec: str, ep: EntryPoint) -> Callable[..., Any]:
+    dist = _dist_name(ep)
+    try:
+        obj = ep.load()
+    except (ImportError, AttributeError) as exc:
+        # Installed but broken (a missing dependency, a stale entry point): name who registered it.
+        raise PolicyError(
+            f"--policy {spec!r}: {dist} registers it as {ep.value!r}, which does not load: "
+            f"{type(exc).__name__}: {exc}",
+            hint=f"reinstall {dist} (pip install --force-reinstall {dist})",
+        ) from exc
+    if not callable(obj):
+        raise PolicyError(f"--policy {spec!r}: {ep.value} (registered by {dist}) is not callable")
+    return obj  # type: ignore[no-any-return]
 
 
 def parse_policy_args(items: Sequence[str] | None) -> dict[str, str]:
@@ -121,14 +225,35 @@ def parse_policy_args(items: Sequence[str] | None) -> dict[str, str]:
 
 
 def load_policy_factory(spec: str) -> Callable[..., Any]:
-    """Resolve ``zero``, ``expert`` or ``package.module:callable`` to a factory."""
-    if spec in BUILTIN_POLICIES:
-        return BUILTIN_POLICIES[spec]
+    """Resolve ``package.module:callable`` or a ``genmanip.policies`` name to a factory.
+
+    Raises:
+        PolicyNotInstalledError: a bare name nothing installed registers (exit code 3).
+        PolicyError: a malformed spec, an import that fails, a clash of two distributions.
+    """
     module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
+    if not sep:
+        name = spec.strip()
+        installed = installed_policies()
+        eps = installed.get(name)
+        if not name:
+            raise PolicyError(
+                f"--policy {spec!r}: expected 'package.module:factory' or a policy name "
+                f"({', '.join(sorted(installed)) or 'none installed'})"
+            )
+        if not eps:
+            raise _not_installed(name, installed)
+        if len(eps) > 1:
+            both = ", ".join(f"{_dist_name(e)} ({e.value})" for e in eps)
+            raise PolicyError(
+                f"--policy {spec!r}: more than one distribution registers it: {both}",
+                hint="name the one you mean as package.module:callable",
+            )
+        return _load_entry_point(name, eps[0])
+    if not module_name or not attr:
         raise PolicyError(
-            f"--policy {spec!r}: expected 'package.module:factory' or one of "
-            f"{', '.join(BUILTIN_POLICIES)}"
+            f"--policy {spec!r}: expected 'package.module:factory' or a policy name "
+            f"({', '.join(sorted(installed_policies())) or 'none installed'})"
         )
     try:
         module = importlib.import_module(module_name)
@@ -177,7 +302,8 @@ class PolicyHandle:
             policy = factory(**dict(args or {}))
         except PolicyError:
             raise
-        except TypeError as exc:
+        except (TypeError, ValueError) as exc:
+            # Factories parse their string arguments: a bad one is the user's input, not a crash.
             raise PolicyError(f"--policy {spec!r}: the factory rejected its arguments: {exc}") from exc
         return cls(policy, name=spec)
 

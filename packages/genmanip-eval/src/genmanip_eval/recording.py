@@ -40,8 +40,28 @@ from typing import Any
 
 from genmanip_protocol.errors import ValidationError
 from genmanip_protocol.schema import EpisodeResult, safe_relative_path, split_episode_id
+from genmanip_results.layout import (
+    AWAITING_NOTE_GLOB,
+    EPISODE_RESULT,
+    EPISODE_RESULT_LOCK,
+    FRAME_SPOOL_SUFFIX,
+    FRAMES_DIR,
+    INCOMPLETE,
+    PENDING_NOTE_GLOB,
+    RESULT_JSON,
+    RESULTS_DIR_ENV,
+    RUN_JSON,
+    RUN_JSON_LOCK,
+    STEPS_JSONL,
+    VIDEO_SUFFIX,
+    awaiting_note_name,
+    pending_note_name,
+)
+from genmanip_results.live import write_live_view
+from genmanip_results.paths import UnsafePathError, is_within
+from genmanip_results.roots import resolve_results_root
 from genmanip_results.stats import wilson_interval
-from genmanip_runtime.atomic import atomic_write_bytes, atomic_write_json, json_default, merge_json
+from genmanip_runtime.atomic import atomic_write_json, json_default, merge_json
 
 from .errors import EpisodeIdError, RecordingError
 
@@ -55,38 +75,19 @@ __all__ = [
 
 log = logging.getLogger("genmanip_eval.recording")
 
-RESULTS_DIR_ENV = "GENMANIP_RESULT_DIR"
 _LEN = struct.Struct(">I")
-_FRAMES_DIR = ".frames"
-#: Written (fsynced) when an episode's last step is recorded, before its videos are transcoded:
-#: with the frame spool and steps.jsonl it is everything needed to finish the episode, so a
-#: recorder started after a crash completes it (``Recorder.recover``). Removed after result.json.
-_PENDING_GLOB = ".pending_result.*.json"
-
-
-def _pending_name(pid: int) -> str:
-    # The owner's pid is in the name: claiming an abandoned file is one atomic rename.
-    return f".pending_result.{pid}.json"
-
-
-#: Written when the server ends an episode (its last step recorded, the result not yet here):
-#: everything but the result is on disk. A client resuming on the same worker collects the result
-#: from the server (``EvalClient(adopt_on_start=True)``) and finishes the episode from this file.
-_AWAITING_GLOB = ".awaiting_result.*.json"
-
-
-def _awaiting_name(pid: int) -> str:
-    return f".awaiting_result.{pid}.json"
-
-
-_MARKER_GLOBS = (_PENDING_GLOB, _AWAITING_GLOB)
-_RECORDING_FILES = ("steps.jsonl", "result.json", "INCOMPLETE")
-
-
-def resolve_results_root(flag: str | os.PathLike[str] | None = None) -> Path:
-    """``--results-dir``, else ``$GENMANIP_RESULT_DIR``, else ``./client_results`` (absolute)."""
-    value = flag or os.environ.get(RESULTS_DIR_ENV) or "client_results"
-    return Path(value).expanduser().absolute()
+# The recovery notes (names in genmanip_results.layout; the owner's pid is in the name, so claiming
+# an abandoned note is one atomic rename):
+# * pending (``pending_note_name``): written (fsynced) when an episode's last step is recorded,
+#   before its videos are transcoded: with the frame spool and steps.jsonl it is everything needed
+#   to finish the episode, so a recorder started after a crash completes it
+#   (``Recorder.recover``). Removed after result.json.
+# * awaiting (``awaiting_note_name``): written when the server ends an episode (its last step
+#   recorded, the result not yet here): everything but the result is on disk. A client resuming
+#   on the same worker collects the result from the server (``EvalClient(adopt_on_start=True)``)
+#   and finishes the episode from this file.
+_MARKER_GLOBS = (PENDING_NOTE_GLOB, AWAITING_NOTE_GLOB)
+_RECORDING_FILES = (STEPS_JSONL, RESULT_JSON, INCOMPLETE)
 
 
 def camera_name(key: str) -> str:
@@ -513,7 +514,7 @@ class Recorder:
                 self._merge_run_json(run_dir)
             except OSError as exc:  # disk full, read-only: a typed error, not a crash (exit 70)
                 raise RecordingError(
-                    f"cannot update {run_dir / 'run.json'}: {exc}",
+                    f"cannot update {run_dir / RUN_JSON}: {exc}",
                     hint="check free disk space (or run with --no-record)",
                 ) from exc
 
@@ -555,16 +556,19 @@ class Recorder:
                 cur["started"] = min(started, manifest["started"])
             cur["workers"] = sorted(workers)
 
-        merge_json(run_dir / "run.json", update, run_dir / ".run.json.lock")
+        merge_json(run_dir / RUN_JSON, update, run_dir / RUN_JSON_LOCK)
 
     def _safe_dir(self, directory: Path) -> Path:
-        directory.mkdir(parents=True, exist_ok=True)
-        resolved = directory.resolve()
-        if not resolved.is_relative_to(self._root_resolved):
-            raise EpisodeIdError(
-                f"episode directory {directory} resolves outside the results root (symlink?); "
-                "refusing to write there"
-            )
+        # Checked after mkdir too: the directories just made may have been reached through a
+        # symlink (or one swapped in meanwhile).
+        for made in (False, True):
+            if made:
+                directory.mkdir(parents=True, exist_ok=True)
+            if not is_within(directory, self._root_resolved):
+                raise EpisodeIdError(
+                    f"episode directory {directory} resolves outside the results root (symlink?); "
+                    "refusing to write there"
+                )
         return directory
 
     def _w_begin(self, ep: _Episode) -> None:
@@ -579,7 +583,7 @@ class Recorder:
                 self._busy_cv.wait(0.2)
         d = self._safe_dir(ep.directory)
         # A re-run replaces the previous attempt: rows of different attempts never mix.
-        if (d / "result.json").exists():
+        if (d / RESULT_JSON).exists():
             # ... and the task's episode_result.json must not keep claiming the replaced attempt
             # (found by tests/reliability/test_hostile_server.py).
             seed_key = ep.seed
@@ -587,21 +591,21 @@ class Recorder:
             def drop(cur: dict[str, Any]) -> None:
                 cur.pop(seed_key, None)
 
-            merge_json(d.parent / "episode_result.json", drop, d.parent / "episode_result.lock")
+            merge_json(d.parent / EPISODE_RESULT, drop, d.parent / EPISODE_RESULT_LOCK)
         for name in _RECORDING_FILES:
             (d / name).unlink(missing_ok=True)
         _unlink_markers(d)
-        for mp4 in d.glob("*.mp4"):
+        for mp4 in d.glob(f"*{VIDEO_SUFFIX}"):
             mp4.unlink()
-        shutil.rmtree(d / _FRAMES_DIR, ignore_errors=True)
+        shutil.rmtree(d / FRAMES_DIR, ignore_errors=True)
         atomic_write_json(
-            d / "INCOMPLETE",
+            d / INCOMPLETE,
             {"episode_id": ep.episode_id, "worker_id": ep.worker_id, "started": ep.started, "reason": None},
             fsync=False,
         )
-        (d / _FRAMES_DIR).mkdir()
+        (d / FRAMES_DIR).mkdir()
         self._open[id(ep)] = {
-            "steps": open(d / "steps.jsonl", "wb"),
+            "steps": open(d / STEPS_JSONL, "wb"),
             "frames": {},
             "last": {},
         }
@@ -626,7 +630,7 @@ class Recorder:
                 data = encode_jpeg(value)
             fh = files.get(cam)
             if fh is None:
-                fh = files[cam] = open(ep.directory / _FRAMES_DIR / f"{cam}.jpegs", "wb")
+                fh = files[cam] = open(ep.directory / FRAMES_DIR / f"{cam}{FRAME_SPOOL_SUFFIX}", "wb")
             fh.write(_LEN.pack(len(data)))
             fh.write(data)
             last[cam] = data
@@ -657,7 +661,7 @@ class Recorder:
         holds for their worker (see :meth:`results_not_held`): keep them INCOMPLETE, say why."""
         if not self._orphan_workers:
             return
-        for marker in sorted(run_dir.rglob(_AWAITING_GLOB)):
+        for marker in sorted(run_dir.rglob(AWAITING_NOTE_GLOB)):
             try:
                 info = json.loads(marker.read_text())
                 pid = marker.name.split(".")[2]
@@ -672,10 +676,10 @@ class Recorder:
             except (OSError, ValueError, KeyError, TypeError):
                 continue
             d = marker.parent
-            shutil.rmtree(d / _FRAMES_DIR, ignore_errors=True)
+            shutil.rmtree(d / FRAMES_DIR, ignore_errors=True)
             marker.unlink(missing_ok=True)
             atomic_write_json(
-                d / "INCOMPLETE",
+                d / INCOMPLETE,
                 {
                     "episode_id": eid,
                     "worker_id": info["episode"]["worker_id"],
@@ -697,7 +701,7 @@ class Recorder:
         # After the flushes: once this file exists, every row and frame of the episode is on disk
         # (in the OS: enough to survive the process being killed).
         atomic_write_json(
-            ep.directory / _awaiting_name(os.getpid()),
+            ep.directory / awaiting_note_name(os.getpid()),
             {"episode": ep.describe(), "cameras": list(st["frames"]), "host": socket.gethostname()},
             fsync=False,
         )
@@ -706,7 +710,7 @@ class Recorder:
         """Close an episode whose result is still awaited, keeping what finishing it needs."""
         self._close_files(ep)
         if ep.directory.is_dir():
-            marker = ep.directory / _awaiting_name(os.getpid())
+            marker = ep.directory / awaiting_note_name(os.getpid())
             try:
                 # Released: this recorder never touches the episode again, so the next client on
                 # the worker may finish it even from this same (still running) process.
@@ -715,7 +719,7 @@ class Recorder:
             except (OSError, ValueError) as exc:
                 log.debug("cannot release %s: %s", marker, exc)
             atomic_write_json(
-                ep.directory / "INCOMPLETE",
+                ep.directory / INCOMPLETE,
                 {
                     "episode_id": ep.episode_id, "worker_id": ep.worker_id, "started": ep.started,
                     "reason": "the run stopped while the server was scoring this episode; the next "
@@ -731,7 +735,7 @@ class Recorder:
             log.info("result of %s collected from the server: its run is not recorded here", result.episode_id)
             return
         self._safe_dir(directory)
-        if not (directory / "result.json").exists():
+        if not (directory / RESULT_JSON).exists():
             self._finish_awaiting(directory, run_dir, result)
         # Housekeeping after the result is safe on disk.
         self._run_ids.setdefault(run_dir, (bench, run_id))
@@ -743,7 +747,7 @@ class Recorder:
     def _finish_awaiting(self, directory: Path, run_dir: Path, result: EpisodeResult) -> None:
         """Finish ``directory`` from the ``.awaiting_result`` a dead recorder left, with ``result``;
         else keep it INCOMPLETE with the server's result."""
-        for marker in sorted(directory.glob(_AWAITING_GLOB)):
+        for marker in sorted(directory.glob(AWAITING_NOTE_GLOB)):
             try:
                 info = json.loads(marker.read_text())
                 pid = marker.name.split(".")[2]
@@ -758,14 +762,14 @@ class Recorder:
                     raise ValueError("the recorder that wrote it is still running")
                 ep = _Episode.from_note(e, directory, run_dir)
                 cams = [str(c) for c in info["cameras"]]
-                if not all((directory / _FRAMES_DIR / f"{c}.jpegs").is_file() for c in cams):
+                if not all((directory / FRAMES_DIR / f"{c}{FRAME_SPOOL_SUFFIX}").is_file() for c in cams):
                     raise ValueError("its frame spool is missing")
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 log.warning("cannot finish %s with the collected result from %s: %s", result.episode_id, marker.name, exc)
                 continue
             finished = _now()
             atomic_write_json(
-                directory / _pending_name(os.getpid()),
+                directory / pending_note_name(os.getpid()),
                 {
                     "episode": ep.describe(),
                     "result": {"score": result.score, "sr": result.sr},
@@ -777,7 +781,7 @@ class Recorder:
             )
             marker.unlink(missing_ok=True)
             try:
-                _truncate_rows(directory / "steps.jsonl", ep.steps)
+                _truncate_rows(directory / STEPS_JSONL, ep.steps)
             except (OSError, ValueError) as exc:
                 log.warning("cannot finish %s with the collected result: %s", result.episode_id, exc)
                 _unlink_markers(directory)
@@ -793,7 +797,7 @@ class Recorder:
     def _mark_unfinishable(self, directory: Path, result: EpisodeResult) -> None:
         """Keep an episode the server scored but whose recording is not whole ``INCOMPLETE``, saying
         what the server made of it."""
-        marker_path = directory / "INCOMPLETE"
+        marker_path = directory / INCOMPLETE
         try:
             info = json.loads(marker_path.read_text())
             if not isinstance(info, dict):
@@ -816,11 +820,11 @@ class Recorder:
     def _w_abort(self, ep: _Episode, reason: str) -> None:
         self._aborts_queued.discard(ep.directory)
         self._close_files(ep)
-        shutil.rmtree(ep.directory / _FRAMES_DIR, ignore_errors=True)
+        shutil.rmtree(ep.directory / FRAMES_DIR, ignore_errors=True)
         _unlink_markers(ep.directory)
         if ep.directory.is_dir():
             atomic_write_json(
-                ep.directory / "INCOMPLETE",
+                ep.directory / INCOMPLETE,
                 {"episode_id": ep.episode_id, "worker_id": ep.worker_id, "started": ep.started, "reason": reason},
                 fsync=False,
             )
@@ -836,7 +840,7 @@ class Recorder:
         try:
             self._safe_dir(ep.directory)
             atomic_write_json(
-                ep.directory / _pending_name(os.getpid()),
+                ep.directory / pending_note_name(os.getpid()),
                 {
                     "episode": ep.describe(),
                     "result": {"score": result.score, "sr": result.sr},
@@ -855,7 +859,7 @@ class Recorder:
 
     def _w_finish(self, ep: _Episode, result: EpisodeResult, finished: str) -> None:
         cams = self._close_files(ep)
-        for marker in ep.directory.glob(_AWAITING_GLOB):
+        for marker in ep.directory.glob(AWAITING_NOTE_GLOB):
             marker.unlink(missing_ok=True)
         self._queue_transcode(ep, result, cams, finished)
 
@@ -888,14 +892,14 @@ class Recorder:
         self._recovered.add(run_dir)
         # result.json is written before INCOMPLETE is removed: a kill between the two leaves a
         # finished episode (result.json decides) with a stale marker. Tidy it.
-        for stale in run_dir.rglob("INCOMPLETE"):
+        for stale in run_dir.rglob(INCOMPLETE):
             d = stale.parent
-            if (d / "result.json").is_file() and not d.is_symlink():
+            if (d / RESULT_JSON).is_file() and not d.is_symlink():
                 stale.unlink(missing_ok=True)
                 _unlink_markers(d)
-                shutil.rmtree(d / _FRAMES_DIR, ignore_errors=True)
+                shutil.rmtree(d / FRAMES_DIR, ignore_errors=True)
         found = 0
-        for pending in sorted(run_dir.rglob(_PENDING_GLOB)):
+        for pending in sorted(run_dir.rglob(PENDING_NOTE_GLOB)):
             d = pending.parent
             result: EpisodeResult | None = None
             try:
@@ -906,7 +910,7 @@ class Recorder:
                     continue
                 try:
                     # Claim it: of several recorders resuming this run, exactly one wins.
-                    mine = d / _pending_name(os.getpid())
+                    mine = d / pending_note_name(os.getpid())
                     os.rename(pending, mine)
                 except FileNotFoundError:
                     continue
@@ -916,10 +920,10 @@ class Recorder:
                     score=float(info["result"]["score"]), sr=float(info["result"]["sr"]),
                 )
                 # (a camera that never sent a frame has no spool file)
-                cams = [str(c) for c in info["cameras"] if (d / _FRAMES_DIR / f"{c}.jpegs").is_file()]
+                cams = [str(c) for c in info["cameras"] if (d / FRAMES_DIR / f"{c}{FRAME_SPOOL_SUFFIX}").is_file()]
                 if info["cameras"] and not cams:
                     raise ValueError("frame spool missing")
-                _truncate_rows(d / "steps.jsonl", ep.steps)
+                _truncate_rows(d / STEPS_JSONL, ep.steps)
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 log.warning("cannot finish the interrupted episode in %s: %s", d, exc)
                 if result is not None:
@@ -933,21 +937,15 @@ class Recorder:
         return found
 
     def _w_live(self, run_dir: Path, worker_id: str, frames: dict[str, Any], info: dict[str, Any]) -> None:
+        # The live-view contract (file names, the name rule for wire-supplied worker ids and
+        # cameras, nothing written out of the run or the results root) is genmanip_results.live,
+        # the one viz reads with. Only JPEG bytes are published: frames never get decoded here.
+        jpegs = {c: v for c, v in frames.items() if isinstance(v, (bytes, bytearray, memoryview))}
         try:
-            rel = safe_relative_path(worker_id, field="worker_id")
-        except ValidationError:
-            rel = None
-        if rel is None or len(rel.parts) != 1:
-            log.warning("no live view for worker id %r: not usable as a directory name", worker_id)
-            return
-        d = self._safe_dir(run_dir / ".live" / worker_id)
-        cams = []
-        for cam, value in frames.items():
-            if isinstance(value, (bytes, bytearray, memoryview)):
-                atomic_write_bytes(d / f"{cam}.jpg", bytes(value), fsync=False)
-                cams.append(cam)
-        info = dict(info, cameras=cams)
-        atomic_write_json(d / "live.json", info, fsync=False)
+            write_live_view(run_dir, worker_id, jpegs, info, within=self.root)
+        except UnsafePathError as exc:
+            # A live view is a convenience: a hostile or odd worker id costs it, not the run.
+            log.warning("no live view for worker id %r: %s", worker_id, exc)
 
     # ------------------------------------------------------------ transcoder thread
 
@@ -978,8 +976,8 @@ class Recorder:
         d = ep.directory
 
         def one(cam: str) -> int:
-            src = d / _FRAMES_DIR / f"{cam}.jpegs"
-            return transcode_jpegs(iter_frame_file(src), d / f"{cam}.mp4", fps=self.fps, nice=self.nice, threads=1)
+            src = d / FRAMES_DIR / f"{cam}{FRAME_SPOOL_SUFFIX}"
+            return transcode_jpegs(iter_frame_file(src), d / f"{cam}{VIDEO_SUFFIX}", fps=self.fps, nice=self.nice, threads=1)
 
         # The cameras of one episode transcode concurrently (ffmpeg start-up dominates short
         # episodes); niced, so the step loop keeps priority.
@@ -994,9 +992,9 @@ class Recorder:
         def update(cur: dict[str, Any]) -> None:
             cur[seed_key] = {"score": result.score, "sr": result.sr}
 
-        merge_json(d.parent / "episode_result.json", update, d.parent / "episode_result.lock")
+        merge_json(d.parent / EPISODE_RESULT, update, d.parent / EPISODE_RESULT_LOCK)
         atomic_write_json(
-            d / "result.json",
+            d / RESULT_JSON,
             {
                 "episode_id": ep.episode_id,
                 "task_name": ep.task_name,
@@ -1011,9 +1009,9 @@ class Recorder:
                 "finished": finished,
             },
         )
-        (d / "INCOMPLETE").unlink(missing_ok=True)
+        (d / INCOMPLETE).unlink(missing_ok=True)
         _unlink_markers(d)
-        shutil.rmtree(d / _FRAMES_DIR, ignore_errors=True)
+        shutil.rmtree(d / FRAMES_DIR, ignore_errors=True)
         if self.on_episode_complete is not None:
             self.on_episode_complete(d)
 

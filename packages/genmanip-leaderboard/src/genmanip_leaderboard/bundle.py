@@ -39,6 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from genmanip_results.discovery import RunInfo
+from genmanip_results.layout import SUBMITTED_FLAG
+from genmanip_results.paths import is_within
 
 from .errors import BundleError, IncompleteRunError
 from .runs import completeness, results_tree
@@ -63,7 +65,7 @@ __all__ = [
 
 BUNDLE_FORMAT = "genmanip-bundle/1"
 MANIFEST_NAME = "manifest.json"
-FLAG_NAME = "submitted.flag"
+FLAG_NAME = SUBMITTED_FLAG
 VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".webm", ".rrd")
 _TEMP_SUFFIXES = (".tmp", ".temp", ".part", ".partial", ".swp", ".swo", ".lock", ".lck", "~")
 # Already-compressed formats: deflating them again costs CPU for nothing.
@@ -180,7 +182,7 @@ def collect_members(
             name = prefix + entry.name
             if entry.is_symlink():
                 target = Path(entry.path).resolve()
-                if not target.is_relative_to(root):
+                if not is_within(target, root):
                     skipped.append(Skipped(name, "symlink pointing outside the run (not followed)"))
                     continue
                 if target.is_dir():
@@ -298,8 +300,9 @@ def _resolve_out(run: RunInfo, out: str | os.PathLike[str] | None) -> Path:
             target = target / name
     target = target.absolute()
     tree = results_tree(run)
-    resolved = target.parent.resolve() / target.name
-    if resolved.is_relative_to(tree) or resolved.is_relative_to(run.path.resolve()):
+    # Only where the zip's directory really is matters: the zip is renamed into place, so a
+    # symlink already at the target is replaced, never written through.
+    if is_within(target.parent, tree) or is_within(target.parent, run.path):
         raise BundleError(
             f"refusing to write the bundle inside the results tree ({tree}): {target}",
             hint="choose --out outside it (the default is a cache directory)",

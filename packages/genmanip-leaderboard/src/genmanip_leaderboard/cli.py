@@ -8,7 +8,6 @@ config file's ``[leaderboard]`` section.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
@@ -30,7 +29,7 @@ from .submit import submit_run
 __all__ = [
     "TOKEN_ENV",
     "bundle",
-    "client_from_args",
+    "client_from_flags",
     "list_runs",
     "status",
     "submit",
@@ -65,42 +64,50 @@ def _fmt_size(n: int) -> str:
     return f"{value:.1f} {unit}"
 
 
-def client_from_args(args: argparse.Namespace, *, need_token: bool) -> LeaderboardClient:
+def client_from_flags(
+    *,
+    host: str | None,
+    port: int | None,
+    token: str | None,
+    ca_cert: str | None,
+    insecure_http: bool,
+    need_token: bool,
+) -> LeaderboardClient:
     """The client from ``--host/--port/--token/--ca-cert/--insecure-http`` (+ env and config)."""
-    host = resolve_setting(getattr(args, "host", None), "LEADERBOARD_HOST", SECTION, "host", DEFAULT_HOST)
-    port_raw = resolve_setting(getattr(args, "port", None), "LEADERBOARD_PORT", SECTION, "port", DEFAULT_PORT)
+    flag_token = token
+    host = resolve_setting(host, "LEADERBOARD_HOST", SECTION, "host", DEFAULT_HOST)
+    port_raw = resolve_setting(port, "LEADERBOARD_PORT", SECTION, "port", DEFAULT_PORT)
     try:
         port = int(port_raw)
     except (TypeError, ValueError):
         raise ValidationError(
             Violation("--port / LEADERBOARD_PORT", "a port number", repr(port_raw))
         ) from None
-    if getattr(args, "token", None):
+    if flag_token:
         log.warning("--token puts the token in process lists and shell history; prefer $%s "
                     "or the config file", TOKEN_ENV)
-    token = resolve_token(getattr(args, "token", None), TOKEN_ENV, SECTION)
+    token = resolve_token(flag_token, TOKEN_ENV, SECTION)
     if need_token and not token:
         raise MissingTokenError(
             "the leaderboard needs an author token",
             hint=f"set ${TOKEN_ENV}, add `token = \"...\"` under [leaderboard] in the config file, or pass --token",
         )
-    ca = resolve_setting(getattr(args, "ca_cert", None), "GMP_LEADERBOARD_CA", SECTION, "ca_cert", None)
+    ca = resolve_setting(ca_cert, "GMP_LEADERBOARD_CA", SECTION, "ca_cert", None)
     return LeaderboardClient(
         str(host),
         port,
         token,
         ca_file=ca,
-        insecure_http=bool(getattr(args, "insecure_http", False)),
+        insecure_http=insecure_http,
     )
 
 
-def list_runs(args: argparse.Namespace) -> int:
+def list_runs(*, root: str | None, as_json: bool, console: Console) -> int:
     """``gmp leaderboard list``: every local run, newest first, as a table or ``--json``."""
-    console = Console.from_args(args)
-    roots = default_roots(getattr(args, "root", None))
+    roots = default_roots(root)
     runs = discover_runs(roots)
     rows = [run_summary(r) for r in runs]
-    if getattr(args, "json", False):
+    if as_json:
         _print_json(rows)
         return int(ExitCode.OK)
     if not rows:
@@ -154,18 +161,26 @@ def _describe_bundle(console: Console, b: Bundle) -> None:
                 console.debug(f"left out {s.name}: {s.reason}")
 
 
-def bundle(args: argparse.Namespace) -> int:
+def bundle(
+    *,
+    run: str,
+    root: str | None,
+    benchmark_id: str | None,
+    out: str | None,
+    include_videos: bool,
+    allow_incomplete: bool,
+    console: Console,
+) -> int:
     """``gmp leaderboard bundle RUN``: write a verified bundle; print its path on stdout."""
-    console = Console.from_args(args)
-    run = resolve_run(args.run, default_roots(getattr(args, "root", None)), getattr(args, "benchmark_id", None))
+    found = resolve_run(run, default_roots(root), benchmark_id)
     b = build_bundle(
-        run,
-        getattr(args, "out", None),
-        include_videos=bool(getattr(args, "include_videos", False)),
-        allow_incomplete=bool(getattr(args, "allow_incomplete", False)),
+        found,
+        out,
+        include_videos=include_videos,
+        allow_incomplete=allow_incomplete,
     )
     if not b.manifest.get("complete"):
-        console.warn(f"run {run.run_id} is incomplete: {len(b.manifest.get('missing', []))} episode(s) missing")
+        console.warn(f"run {found.run_id} is incomplete: {len(b.manifest.get('missing', []))} episode(s) missing")
     _describe_bundle(console, b)
     sys.stdout.write(str(b.path) + "\n")
     return int(ExitCode.OK)
@@ -194,22 +209,39 @@ def _upload_progress(console: Console) -> Callable[[Bundle], Callable[[int], Non
     return factory
 
 
-def submit(args: argparse.Namespace) -> int:
+def submit(
+    *,
+    run_id: str,
+    submission_name: str,
+    leaderboard_name: str,
+    benchmark_id: str | None,
+    root: str | None,
+    host: str | None,
+    port: int | None,
+    token: str | None,
+    ca_cert: str | None,
+    insecure_http: bool,
+    include_videos: bool,
+    force: bool,
+    console: Console,
+) -> int:
     """``gmp leaderboard submit``: bundle, verify and upload a run; mark it submitted on success."""
-    console = Console.from_args(args)
-    roots = default_roots(getattr(args, "root", None))
-    run = select_run(discover_runs(roots), args.run_id, getattr(args, "benchmark_id", None))
-    with client_from_args(args, need_token=True) as client:
+    roots = default_roots(root)
+    run = select_run(discover_runs(roots), run_id, benchmark_id)
+    with client_from_flags(
+        host=host, port=port, token=token, ca_cert=ca_cert, insecure_http=insecure_http,
+        need_token=True,
+    ) as client:
         console.info(f"submitting {run.benchmark}/{run.run_id} ({run.path}) to {client.base_url}")
         factory = _upload_progress(console)
         try:
             outcome = submit_run(
                 run,
                 client,
-                submission_name=args.submission_name,
-                leaderboard_name=args.leaderboard_name,
-                include_videos=bool(getattr(args, "include_videos", False)),
-                force=bool(getattr(args, "force", False)),
+                submission_name=submission_name,
+                leaderboard_name=leaderboard_name,
+                include_videos=include_videos,
+                force=force,
                 progress=factory,
             )
         finally:
@@ -230,7 +262,7 @@ def submit(args: argparse.Namespace) -> int:
         prev = outcome.previous or {}
         when = prev.get("submitted_at") or "earlier"
         console.info(
-            f"run {run.run_id} was already submitted to {prev.get('leaderboard_name', args.leaderboard_name)!r}"
+            f"run {run.run_id} was already submitted to {prev.get('leaderboard_name', leaderboard_name)!r}"
             f" ({prev.get('submission_id') or 'unknown id'}, {when}) and has not changed: nothing to do"
             " (--force submits again)"
         )
@@ -239,9 +271,21 @@ def submit(args: argparse.Namespace) -> int:
     return int(ExitCode.OK)
 
 
-def status(args: argparse.Namespace) -> int:
+def status(
+    *,
+    submission_id: str,
+    host: str | None,
+    port: int | None,
+    token: str | None,
+    ca_cert: str | None,
+    insecure_http: bool,
+    console: Console,
+) -> int:
     """``gmp leaderboard status SUBMISSION_ID``: the service's upload status as JSON on stdout."""
-    with client_from_args(args, need_token=False) as client:
-        result = client.status(args.submission_id)
+    with client_from_flags(
+        host=host, port=port, token=token, ca_cert=ca_cert, insecure_http=insecure_http,
+        need_token=False,
+    ) as client:
+        result = client.status(submission_id)
     _print_json(result)
     return int(ExitCode.OK)

@@ -22,7 +22,8 @@ from urllib.parse import quote
 
 from genmanip_protocol.errors import ValidationError, Violation
 from genmanip_runtime.errors import ConnectError, RequestTimeout, TransportError
-from genmanip_runtime.transport import HttpTransport, Response, is_loopback_host
+from genmanip_runtime.netpolicy import check_plain_http
+from genmanip_runtime.transport import HttpTransport, Response
 
 from .errors import (
     InsecureLeaderboardURL,
@@ -83,16 +84,21 @@ class LeaderboardClient:
             raise ValidationError(Violation("--port", "a port number", repr(port))) from None
         if not 0 < port < 65536:
             raise ValidationError(Violation("--port", "a port number in 1..65535", str(port)))
-        if insecure_http and not is_loopback_host(host):
-            raise InsecureLeaderboardURL(
-                f"refusing plain HTTP to {host}: the author token would travel unencrypted",
-                hint="plain HTTP is only for a leaderboard on this machine; use HTTPS (--ca-cert for a private CA)",
-            )
-        if ca_file is not None and not Path(ca_file).is_file():
-            raise ValidationError(Violation("--ca-cert", "a readable PEM file", repr(str(ca_file))))
         self.scheme = "http" if insecure_http else "https"
         h = f"[{host}]" if ":" in host and not host.startswith("[") else host
         self.base_url = f"{self.scheme}://{h}:{port}"
+        # The author token travels in every upload (and results are private until published), so
+        # --insecure-http is only ever for a leaderboard on this machine: no override.
+        check_plain_http(
+            self.base_url,
+            has_token=True,
+            mode="refuse",
+            what="--host",
+            hint="plain HTTP is only for a leaderboard on this machine; use HTTPS (--ca-cert for a private CA)",
+            error=InsecureLeaderboardURL,
+        )
+        if ca_file is not None and not Path(ca_file).is_file():
+            raise ValidationError(Violation("--ca-cert", "a readable PEM file", repr(str(ca_file))))
         self._token = token or None
         self._transport = HttpTransport(self.base_url, timeout=timeout, ca_file=ca_file)
 

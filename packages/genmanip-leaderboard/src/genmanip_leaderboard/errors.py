@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from genmanip_protocol.errors import ExitCode, GenmanipError
+from genmanip_runtime.errors import InsecureTransportError
 
 __all__ = [
     "AmbiguousRunError",
@@ -74,8 +75,8 @@ class MissingTokenError(GenmanipLeaderboardError):
     exit_code = ExitCode.AUTH
 
 
-class InsecureLeaderboardURL(GenmanipLeaderboardError):
-    """Plain HTTP was asked for a host that is not this machine."""
+class InsecureLeaderboardURL(GenmanipLeaderboardError, InsecureTransportError):
+    """Plain HTTP was asked for a host that is not this machine (an ``InsecureTransportError``)."""
 
     exit_code = ExitCode.REFUSED
 

@@ -4,6 +4,8 @@ Discovery itself is :mod:`genmanip_results.discovery` (both on-disk layouts); th
 among its :class:`~genmanip_results.discovery.RunInfo` objects and works out which episodes are
 missing, from the run's metric file (``result.json`` / ``progress.json``: keys like
 ``*(3/5)testbed/reach/red_easy`` give each task's seed count) and the episodes found on disk.
+Which roots are searched is :func:`genmanip_results.roots.search_roots` (re-exported here as
+``default_roots``): ``--root`` when given, else the current directory and ``$GENMANIP_RESULT_DIR``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from genmanip_results.discovery import RunInfo, find_runs, is_run_dir, load_run
+from genmanip_results.roots import search_roots as default_roots
 
 from .errors import AmbiguousRunError, RunNotFoundError
 
@@ -97,19 +100,6 @@ def results_tree(run: RunInfo) -> Path:
     if len(path.parts) > len(names) and list(path.parts[-len(names):]) == names:
         return path.parents[len(names) - 1]
     return path.parent.parent
-
-
-def default_roots(root: str | os.PathLike[str] | None) -> list[Path]:
-    """``root`` when given; else the current directory plus ``$GENMANIP_RESULT_DIR`` when set."""
-    if root is not None:
-        return [Path(root)]
-    roots = [Path.cwd()]
-    env = os.environ.get("GENMANIP_RESULT_DIR")
-    if env:
-        p = Path(env)
-        if p.is_dir() and p.resolve() != roots[0].resolve():
-            roots.append(p)
-    return roots
 
 
 def discover_runs(roots: list[Path]) -> list[RunInfo]:

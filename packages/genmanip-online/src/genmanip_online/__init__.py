@@ -30,7 +30,7 @@ from .errors import (
     OnlineTimeout,
     OnlineUnreachable,
 )
-from .urls import check_url, is_loopback_host, stop_candidates
+from .urls import check_url, stop_candidates
 
 __all__ = [
     "CREATE_FIELDS",
@@ -52,6 +52,5 @@ __all__ = [
     "StopResult",
     "__version__",
     "check_url",
-    "is_loopback_host",
     "stop_candidates",
 ]

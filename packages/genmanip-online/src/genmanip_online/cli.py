@@ -6,17 +6,16 @@ Data goes to stdout (a task id, a JSON object), talk to stderr. The token comes 
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import sys
 import time
-from collections.abc import Callable
-from typing import Any, TextIO
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from genmanip_protocol.errors import ConfigError, ExitCode
 from genmanip_runtime.config import resolve_setting, resolve_token
-from genmanip_runtime.console import Console
+from genmanip_runtime.console import Console, format_duration
 
 from .client import CREATE_FIELDS, OnlineClient, PollEvent, ReadyStatus
 from .errors import GenmanipOnlineError, MissingTokenError
@@ -25,8 +24,7 @@ __all__ = [
     "DEFAULT_DEADLINE",
     "TOKEN_ENV",
     "URL_ENV",
-    "client_from_args",
-    "console_from_args",
+    "client_from_flags",
     "create",
     "offer_stop",
     "ready",
@@ -35,6 +33,7 @@ __all__ = [
     "stop_command",
     "submit",
     "submit_and_wait",
+    "task_fields",
 ]
 
 log = logging.getLogger(__name__)
@@ -47,12 +46,14 @@ DEFAULT_DEADLINE = 3600.0
 
 
 
-def resolve_online_token(args: argparse.Namespace) -> str:
-    """The token from ``--token``, ``$GMP_ONLINE_TOKEN`` or ``[online] token`` in the config file."""
-    if getattr(args, "token", None):
+def resolve_online_token(token: str | None) -> str:
+    """The token from ``--token`` (``token``), ``$GMP_ONLINE_TOKEN`` or ``[online] token`` in the
+    config file."""
+    flag_token = token
+    if flag_token:
         log.warning("--token puts the token in process lists and shell history; prefer $%s "
                     "or the config file", TOKEN_ENV)
-    token = resolve_token(getattr(args, "token", None), TOKEN_ENV, SECTION)
+    token = resolve_token(flag_token, TOKEN_ENV, SECTION)
     if not token:
         raise MissingTokenError(
             "the online service needs a token",
@@ -61,18 +62,21 @@ def resolve_online_token(args: argparse.Namespace) -> str:
     return token
 
 
-def console_from_args(args: argparse.Namespace, stream: TextIO | None = None) -> Console:
-    """A stderr console honouring the global ``-q``/``-v`` flags."""
-    return Console(
-        stream if stream is not None else sys.stderr,
-        quiet=bool(getattr(args, "quiet", False)),
-        verbose=int(getattr(args, "verbose", 0) or 0),
-    )
+def client_from_flags(
+    *,
+    base_url: str | None,
+    token: str | None,
+    timeout: float,
+    ca_cert: str | None,
+    insecure_http: bool,
+    resolved_token: str | None = None,
+) -> OnlineClient:
+    """Build the client from ``--base-url`` (or ``$GMP_ONLINE_URL`` / ``[online] base_url``) and flags.
 
-
-def client_from_args(args: argparse.Namespace, token: str | None = None) -> OnlineClient:
-    """Build the client from ``--base-url`` (or ``$GMP_ONLINE_URL`` / ``[online] base_url``) and flags."""
-    base_url = resolve_setting(getattr(args, "base_url", None), URL_ENV, SECTION, "base_url", None)
+    ``token`` is the ``--token`` flag, resolved after the URL (:func:`resolve_online_token`);
+    ``resolved_token`` skips that, for a caller that resolved it already (``gmp online run``).
+    """
+    base_url = resolve_setting(base_url, URL_ENV, SECTION, "base_url", None)
     if not base_url:
         raise ConfigError(
             "no online service URL",
@@ -80,20 +84,38 @@ def client_from_args(args: argparse.Namespace, token: str | None = None) -> Onli
         )
     return OnlineClient(
         str(base_url),
-        token if token is not None else resolve_online_token(args),
-        timeout=float(getattr(args, "timeout", 30.0) or 30.0),
-        ca_file=getattr(args, "ca_cert", None),
-        insecure_http=bool(getattr(args, "insecure_http", False)),
+        resolved_token if resolved_token is not None else resolve_online_token(token),
+        timeout=float(timeout or 30.0),
+        ca_file=ca_cert,
+        insecure_http=insecure_http,
     )
 
 
-def _create_fields(args: argparse.Namespace) -> dict[str, Any]:
-    fields: dict[str, Any] = {}
-    for name in CREATE_FIELDS:
-        value = getattr(args, name, None)
-        if value is not None and value is not False:
-            fields[name] = value
-    return fields
+def task_fields(
+    *,
+    task_id: str | None,
+    model_name: str | None,
+    model_type: str | None,
+    benchmark_set: str | None,
+    submitter_name: str | None,
+    submitter_homepage: str | None,
+    is_public: bool,
+) -> dict[str, Any]:
+    """The ``createTask`` body (:data:`CREATE_FIELDS`) from the task flags; unset ones are not sent."""
+    given: dict[str, Any] = {
+        "task_id": task_id,
+        "model_name": model_name,
+        "model_type": model_type,
+        "benchmark_set": benchmark_set,
+        "submitter_name": submitter_name,
+        "submitter_homepage": submitter_homepage,
+        "is_public": is_public,
+    }
+    return {
+        name: given[name]
+        for name in CREATE_FIELDS
+        if given[name] is not None and given[name] is not False
+    }
 
 
 def stop_command(client: OnlineClient, task_id: str, endpoint: str | None) -> str:
@@ -106,31 +128,20 @@ def stop_command(client: OnlineClient, task_id: str, endpoint: str | None) -> st
     return " ".join(parts)
 
 
-def _fmt_secs(s: float) -> str:
-    s = max(0.0, s)
-    if s < 90:
-        return f"{s:.0f} s"
-    if s < 5400:
-        return f"{s / 60:.1f} min"
-    return f"{s / 3600:.1f} h"
-
-
 class _PollDisplay:
-    """Renders poll events: a live line on a TTY, nothing when piped (errors are always told)."""
+    """Renders poll events on the console's status line: live on a TTY, nothing when piped.
+
+    Failed polls are always told (as warnings, which the console writes above the line).
+    """
 
     def __init__(self, console: Console, task_id: str) -> None:
         self.console = console
-        self.task_id = task_id
-        self._live = console.is_tty and not getattr(console, "quiet", False)
-        self._drawn = False
+        self._line = console.status_line(f"waiting for task {task_id}").start()
 
     def __call__(self, ev: PollEvent) -> None:
         if ev.error is not None:
-            self.clear()
             self.console.warn(f"poll {ev.polls} failed (will retry): {ev.error}")
-        if not self._live:
-            return
-        bits = [f"waiting for task {self.task_id}", _fmt_secs(ev.elapsed_s), f"poll {ev.polls}"]
+        bits = [f"poll {ev.polls}"]
         st = ev.status
         if st is not None:
             if st.status:
@@ -138,19 +149,15 @@ class _PollDisplay:
             if st.queue_position is not None:
                 bits.append(f"queue position {st.queue_position}")
             if st.eta_s is not None:
-                bits.append(f"ETA {_fmt_secs(st.eta_s)}")
+                bits.append(f"ETA {format_duration(st.eta_s)}")
         if ev.next_delay_s is not None:
             d = ev.next_delay_s
             bits.append(f"next poll in {d:.1f} s" if d < 10 else f"next poll in {d:.0f} s")
-        self.console.stream.write("\r\x1b[2K" + ", ".join(bits))
-        self.console.stream.flush()
-        self._drawn = True
+        self._line.update(*bits)
 
     def clear(self) -> None:
-        if self._drawn:
-            self.console.stream.write("\r\x1b[2K")
-            self.console.stream.flush()
-            self._drawn = False
+        """Remove the line for good (idempotent)."""
+        self._line.close()
 
 
 def _ask_yes_no(prompt: str) -> bool:
@@ -217,22 +224,26 @@ def _do_stop(
 
 
 def submit_and_wait(
-    args: argparse.Namespace,
     client: OnlineClient,
     console: Console,
+    *,
+    task_id: str | None,
+    fields: Mapping[str, Any],
+    deadline: float,
+    interval: float,
 ) -> tuple[str, ReadyStatus]:
-    """Create the task (or reuse ``--task-id``) and wait until it has an endpoint.
+    """Create the task (or reuse ``task_id``) and wait until it has an endpoint.
 
+    ``fields`` is the ``createTask`` body (:func:`task_fields`), used when ``task_id`` is unset.
     ``KeyboardInterrupt`` propagates after :func:`offer_stop` ran; its ``task_id`` attribute is set.
     """
-    task_id = getattr(args, "task_id", None)
     if task_id:
         console.info(f"using task {task_id}")
     else:
-        task_id = client.create_task(**_create_fields(args))
+        task_id = client.create_task(**fields)
         console.info(f"created task {task_id}")
-    deadline = float(getattr(args, "deadline", None) or DEFAULT_DEADLINE)
-    interval = float(getattr(args, "interval", None) or 5.0)
+    deadline = float(deadline or DEFAULT_DEADLINE)
+    interval = float(interval or 5.0)
     display = _PollDisplay(console, task_id)
     started = time.monotonic()
     try:
@@ -242,12 +253,11 @@ def submit_and_wait(
         offer_stop(client, task_id, None, console)
         e.task_id = task_id  # type: ignore[attr-defined]
         raise
-    except GenmanipOnlineError:
+    finally:
+        # Whatever ends the wait, the live line must not outlive it (clear is idempotent).
         display.clear()
-        raise
-    display.clear()
     console.success(
-        f"task {task_id} is ready after {_fmt_secs(time.monotonic() - started)}: {status.endpoint}"
+        f"task {task_id} is ready after {format_duration(time.monotonic() - started)}: {status.endpoint}"
     )
     return task_id, status
 
@@ -257,20 +267,54 @@ def _print_json(obj: Any) -> None:
     sys.stdout.flush()
 
 
-def create(args: argparse.Namespace) -> int:
+def create(
+    *,
+    base_url: str | None,
+    token: str | None,
+    timeout: float,
+    ca_cert: str | None,
+    insecure_http: bool,
+    task_id: str | None,
+    model_name: str | None,
+    model_type: str | None,
+    benchmark_set: str | None,
+    submitter_name: str | None,
+    submitter_homepage: str | None,
+    is_public: bool,
+    console: Console,
+) -> int:
     """``gmp online create``: create a task; print its id on stdout."""
-    console = console_from_args(args)
-    with client_from_args(args) as client:
-        task_id = client.create_task(**_create_fields(args))
+    fields = task_fields(
+        task_id=task_id, model_name=model_name, model_type=model_type,
+        benchmark_set=benchmark_set, submitter_name=submitter_name,
+        submitter_homepage=submitter_homepage, is_public=is_public,
+    )
+    with client_from_flags(
+        base_url=base_url, token=token, timeout=timeout, ca_cert=ca_cert,
+        insecure_http=insecure_http,
+    ) as client:
+        task_id = client.create_task(**fields)
     console.info(f"created task {task_id}")
     sys.stdout.write(task_id + "\n")
     return int(ExitCode.OK)
 
 
-def ready(args: argparse.Namespace) -> int:
+def ready(
+    *,
+    base_url: str | None,
+    token: str | None,
+    timeout: float,
+    ca_cert: str | None,
+    insecure_http: bool,
+    task_id: str,
+    console: Console,
+) -> int:
     """``gmp online ready``: ask once; print ``{"task_id", "ready", "endpoint", ...}`` on stdout."""
-    with client_from_args(args) as client:
-        st = client.ready(args.task_id)
+    with client_from_flags(
+        base_url=base_url, token=token, timeout=timeout, ca_cert=ca_cert,
+        insecure_http=insecure_http,
+    ) as client:
+        st = client.ready(task_id)
     _print_json(
         {
             "task_id": st.task_id,
@@ -284,37 +328,72 @@ def ready(args: argparse.Namespace) -> int:
     return int(ExitCode.OK)
 
 
-def submit(args: argparse.Namespace) -> int:
+def submit(
+    *,
+    base_url: str | None,
+    token: str | None,
+    timeout: float,
+    ca_cert: str | None,
+    insecure_http: bool,
+    task_id: str | None,
+    model_name: str | None,
+    model_type: str | None,
+    benchmark_set: str | None,
+    submitter_name: str | None,
+    submitter_homepage: str | None,
+    is_public: bool,
+    interval: float,
+    deadline: float,
+    print_endpoint: bool,
+    console: Console,
+) -> int:
     """``gmp online submit``: create (or reuse ``--task-id``) and wait for the endpoint.
 
     stdout: with ``--print-endpoint`` only the JSON ``{"task_id", "endpoint"}``; otherwise the same
     JSON too (it is the command's data), progress and messages on stderr.
     """
-    console = console_from_args(args)
-    with client_from_args(args) as client:
+    fields = task_fields(
+        task_id=task_id, model_name=model_name, model_type=model_type,
+        benchmark_set=benchmark_set, submitter_name=submitter_name,
+        submitter_homepage=submitter_homepage, is_public=is_public,
+    )
+    with client_from_flags(
+        base_url=base_url, token=token, timeout=timeout, ca_cert=ca_cert,
+        insecure_http=insecure_http,
+    ) as client:
         try:
-            task_id, status = submit_and_wait(args, client, console)
+            ready_id, status = submit_and_wait(
+                client, console, task_id=task_id, fields=fields, deadline=deadline,
+                interval=interval,
+            )
         except KeyboardInterrupt:
             return int(ExitCode.INTERRUPTED)
-    _print_json({"task_id": task_id, "endpoint": status.endpoint})
-    if not getattr(args, "print_endpoint", False):
+    _print_json({"task_id": ready_id, "endpoint": status.endpoint})
+    if not print_endpoint:
         console.info(
             f"evaluate it with: GMP_TOKEN=\"${TOKEN_ENV}\" gmp eval --url {status.endpoint} "
-            f"--run-id {task_id} --policy ...  (or do it all with `gmp online run`)"
+            f"--run-id {ready_id} --policy ...  (or do it all with `gmp online run`)"
         )
     return int(ExitCode.OK)
 
 
-def stop(args: argparse.Namespace) -> int:
+def stop(
+    *,
+    base_url: str | None,
+    token: str | None,
+    timeout: float,
+    ca_cert: str | None,
+    insecure_http: bool,
+    task_id: str,
+    endpoint: str | None,
+    user_id: str | None,
+    console: Console,
+) -> int:
     """``gmp online stop``: stop a task on its endpoint (looked up with ``ready`` unless ``--endpoint``)."""
-    console = console_from_args(args)
-    with client_from_args(args) as client:
-        out = _do_stop(
-            client,
-            args.task_id,
-            getattr(args, "endpoint", None),
-            console,
-            user_id=getattr(args, "user_id", None),
-        )
+    with client_from_flags(
+        base_url=base_url, token=token, timeout=timeout, ca_cert=ca_cert,
+        insecure_http=insecure_http,
+    ) as client:
+        out = _do_stop(client, task_id, endpoint, console, user_id=user_id)
     _print_json(out)
     return int(ExitCode.OK)

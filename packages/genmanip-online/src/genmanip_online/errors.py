@@ -9,6 +9,7 @@ endpoint before the deadline, or the URL was refused for safety. Messages never 
 from __future__ import annotations
 
 from genmanip_protocol.errors import ExitCode, GenmanipError
+from genmanip_runtime.errors import InsecureTransportError
 
 __all__ = [
     "GenmanipOnlineError",
@@ -106,8 +107,12 @@ class OnlineDeadlineError(GenmanipOnlineError):
         self.polls = polls
 
 
-class InsecureURLError(GenmanipOnlineError):
-    """A plain-HTTP URL to a non-loopback host (the token would travel in clear text), or a bad URL."""
+class InsecureURLError(GenmanipOnlineError, InsecureTransportError):
+    """A plain-HTTP URL to a non-loopback host (the token would travel in clear text).
+
+    Also an :class:`~genmanip_runtime.errors.InsecureTransportError`, the runtime's class for the
+    same refusal, so one ``except`` catches it from every package.
+    """
 
     exit_code = ExitCode.REFUSED
 

@@ -2,7 +2,8 @@
 
 The token travels in the ``Authorization`` header of every call, so a plain ``http://`` URL to a
 host that is not this machine would expose it: such URLs are refused unless the user explicitly
-accepts the risk (``--insecure-http``).
+accepts the risk (``--insecure-http``). The rule itself is
+:func:`genmanip_runtime.netpolicy.check_plain_http`, in ``"refuse"`` mode.
 """
 
 from __future__ import annotations
@@ -10,11 +11,11 @@ from __future__ import annotations
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 from genmanip_protocol.errors import ValidationError, Violation
-from genmanip_runtime.transport import is_loopback_host
+from genmanip_runtime.netpolicy import check_plain_http
 
 from .errors import InsecureURLError
 
-__all__ = ["check_url", "is_loopback_host", "origin_and_path", "stop_candidates"]
+__all__ = ["check_url", "origin_and_path", "stop_candidates"]
 
 
 def check_url(url: str, *, insecure_http: bool = False, field: str = "--base-url") -> SplitResult:
@@ -33,11 +34,16 @@ def check_url(url: str, *, insecure_http: bool = False, field: str = "--base-url
             Violation(field, "a URL without user:password@", "a URL with embedded credentials"),
             hint="pass the token with --token, the environment or the config file",
         )
-    if parts.scheme == "http" and not insecure_http and not is_loopback_host(parts.hostname):
-        raise InsecureURLError(
-            f"refusing plain HTTP to {parts.hostname} ({field}): the token would travel unencrypted",
-            hint="use an https:// URL, or pass --insecure-http to accept sending the token in clear text",
-        )
+    # Every call to the service (and to an assigned endpoint) carries the token.
+    check_plain_http(
+        parts.geturl(),
+        has_token=True,
+        mode="refuse",
+        what=field,
+        allow_insecure=insecure_http,
+        override="--insecure-http",
+        error=InsecureURLError,
+    )
     return parts._replace(path=parts.path.rstrip("/"), fragment="")
 
 

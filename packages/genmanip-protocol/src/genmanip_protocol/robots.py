@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 from .errors import ValidationError, Violation
 
@@ -159,6 +160,48 @@ class RobotSpec:
             out.extend(joints[arm * self.arm_dof : (arm + 1) * self.arm_dof])
             out.extend(gripper[arm * self.gripper_dof : (arm + 1) * self.gripper_dof])
         return out
+
+    def neutral_action(self, control_type: str = "joint_position") -> dict[str, Any]:
+        """The no-op action of this robot: hold every arm where it was commanded, grippers open.
+
+        The reference ``gmp eval`` sends a per-robot "fake" no-op of this shape; this is that
+        no-op made exact: ``is_rel=True`` with zero arm deltas (relative arm targets add to the
+        previously commanded ones, so nothing moves), each gripper at :attr:`gripper_open`
+        (gripper entries are always absolute on the wire, so an all-zero vector would *close* the
+        panda, Piper and lift2 grippers), and for mobile robots a relative zero ``base_motion``.
+
+        Args:
+            control_type: ``"joint_position"``: ``action`` is a flat list of :attr:`action_dim`
+                floats (per arm ``arm_dof`` zeros then the open gripper values); ``"ee_pose"``:
+                per arm the identity pose delta ``[[0, 0, 0], [1, 0, 0, 0], gripper_open]``
+                (position m, quaternion w,x,y,z), a ``[left, right]`` list for dual-arm robots.
+
+        Returns:
+            A new action dict (fresh lists: the caller may modify it).
+
+        Raises:
+            ValidationError: ``control_type`` is neither of the two.
+        """
+        grip = [float(v) for v in self.gripper_open]
+        action: dict[str, Any] = {"control_type": control_type, "is_rel": True}
+        if control_type == "joint_position":
+            vec: list[float] = []
+            for _ in range(self.n_arms):
+                vec.extend([0.0] * self.arm_dof)
+                vec.extend(grip)
+            action["action"] = vec
+        elif control_type == "ee_pose":
+            arms = [[[0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0], list(grip)] for _ in range(self.n_arms)]
+            action["action"] = arms if self.dual_arm else arms[0]
+        else:
+            raise ValidationError(
+                Violation("control_type", "joint_position or ee_pose", repr(control_type))
+            )
+        if self.has_base:
+            # The server's own defaults, spelled out: a recorded action then shows the base too.
+            action["base_motion"] = [0.0, 0.0, 0.0]
+            action["base_is_rel"] = True
+        return action
 
     def flat_labels(self) -> list[str]:
         """Human-readable label of every entry of the flat vector (for plots and tables)."""

@@ -12,6 +12,8 @@ An *episode directory* is a directory named like a seed (digits) that holds ``re
 ``<seed>.lock`` (an episode the server is running now). Its task name is its parent's path
 relative to the run directory. Scans never raise for a bad file: corrupt JSON marks the episode
 incomplete with an ``error``; symlinks that leave the scanned root are skipped with a warning.
+Which directories are searched is :mod:`genmanip_results.roots`; containment is
+:func:`genmanip_results.paths.is_within`.
 """
 
 from __future__ import annotations
@@ -29,6 +31,24 @@ from pathlib import Path
 from typing import Any, Literal
 
 from genmanip_protocol.schema import TaskMetric, is_success, parse_metric
+
+from .layout import (
+    EPISODE_RRD,
+    EVAL_RESULTS_DIR,
+    INCOMPLETE,
+    LOCK_SUFFIX,
+    META_RECORD,
+    PROGRESS_JSON,
+    RESULT_INFO,
+    RESULT_JSON,
+    RRD_SUFFIX,
+    RUN_JSON,
+    STEPS_JSONL,
+    SUBMITTED_FLAG,
+    VIDEO_SUFFIX,
+)
+from .paths import is_within
+from .roots import project_trees
 
 __all__ = [
     "EpisodeInfo",
@@ -51,9 +71,10 @@ Layout = Literal["server", "client"]
 #: A lock is stale after this many seconds without a touch (the server's rule).
 LOCK_STALE_AFTER = 300.0
 _SEED = re.compile(r"^\d+$")
-_RUN_MARKERS = ("run.json", "progress.json", "submitted.flag")
-_EPISODE_MARKERS = ("result_info.json", "result.json", "steps.jsonl", "INCOMPLETE")
+_RUN_MARKERS = (RUN_JSON, PROGRESS_JSON, SUBMITTED_FLAG)
+_EPISODE_MARKERS = (RESULT_INFO, RESULT_JSON, STEPS_JSONL, INCOMPLETE)
 _MAX_DEPTH = 16
+_LOCK_LEN = len(LOCK_SUFFIX)
 _RACY_NS = 2_000_000_000
 
 # (name, is_dir, is_file, is_symlink)
@@ -225,20 +246,11 @@ class _Lister:
         self.seen.clear()
 
 
-def _contained(path: str | Path, root: str | Path) -> bool:
-    try:
-        real = os.path.realpath(path)
-    except (OSError, ValueError):
-        return False
-    r = os.fspath(root)
-    return real == r or real.startswith(r.rstrip(os.sep) + os.sep)
-
-
 def _safe_child(parent: Path, entry: _Entry, root: Path) -> Path | None:
     """The child path, or ``None`` when it is a symlink leaving ``root`` (warned)."""
     name, _is_dir, _is_file, is_link = entry
     p = parent / name
-    if is_link and not _contained(p, root):
+    if is_link and not is_within(p, root):
         log.warning("skipping %s: symlink leads outside %s", p, root)
         return None
     return p
@@ -247,7 +259,7 @@ def _safe_child(parent: Path, entry: _Entry, root: Path) -> Path | None:
 def _read_json_file(path: Path, root: Path | None = None) -> tuple[Any, str | None]:
     """(value, error). A missing file is (None, None). With ``root``, a symlink that resolves
     outside it is not read."""
-    if root is not None and path.is_symlink() and not _contained(path, root):
+    if root is not None and path.is_symlink() and not is_within(path, root):
         log.warning("not reading %s: symlink leads outside %s", path, root)
         return None, f"{path.name}: symlink leads outside the results root"
     try:
@@ -282,7 +294,7 @@ def is_episode_dir(path: str | os.PathLike[str]) -> bool:
         return False
     if any((p / m).exists() for m in _EPISODE_MARKERS):
         return True
-    return (p.parent / f"{p.name}.lock").is_file()
+    return (p.parent / f"{p.name}{LOCK_SUFFIX}").is_file()
 
 
 def is_run_dir(path: str | os.PathLike[str]) -> bool:
@@ -297,7 +309,7 @@ def is_run_dir(path: str | os.PathLike[str]) -> bool:
         return False
     if any((p / m).is_file() for m in _RUN_MARKERS):
         return True
-    res = p / "result.json"
+    res = p / RESULT_JSON
     if res.is_file():
         value, err = _read_json_file(res)
         if err is None and isinstance(value, dict) and "score" not in value:
@@ -313,9 +325,9 @@ def is_run_dir(path: str | os.PathLike[str]) -> bool:
 def _layout_of_files(names: set[str]) -> Layout:
     # Without any client file the directory was found through its sibling <seed>.lock: a server
     # episode in progress.
-    if "result_info.json" in names:
+    if RESULT_INFO in names:
         return "server"
-    return "client" if names & {"result.json", "steps.jsonl", "INCOMPLETE"} else "server"
+    return "client" if names & {RESULT_JSON, STEPS_JSONL, INCOMPLETE} else "server"
 
 
 def _count_lines(path: Path) -> int | None:
@@ -364,7 +376,7 @@ def _build_episode(
     episode_id = f"{benchmark}/{run_id}/{task_name}/{seed}"
     complete = False
 
-    result_name = "result_info.json" if layout == "server" else "result.json"
+    result_name = RESULT_INFO if layout == "server" else RESULT_JSON
     if result_name in files:
         result, error = _read_json_file(files[result_name])
         if error is None:
@@ -387,17 +399,17 @@ def _build_episode(
             score = None
             log.warning("episode %s: %s", ep_dir, error)
 
-    steps_file = files.get("steps.jsonl")
+    steps_file = files.get(STEPS_JSONL)
     if steps is None and steps_file is not None:
         steps = _count_lines(steps_file)
 
     videos: dict[str, Path] = {}
     for name in sorted(files):
-        if name.endswith(".mp4") and not name.startswith("."):
-            videos[name[: -len(".mp4")]] = files[name]
-    rrd = files.get("episode.rrd")
+        if name.endswith(VIDEO_SUFFIX) and not name.startswith("."):
+            videos[name[: -len(VIDEO_SUFFIX)]] = files[name]
+    rrd = files.get(EPISODE_RRD)
     if rrd is None:
-        rrds = sorted(n for n in files if n.endswith(".rrd"))
+        rrds = sorted(n for n in files if n.endswith(RRD_SUFFIX))
         rrd = files[rrds[0]] if rrds else None
     mt = _mtime(ep_dir) or 0.0
     if result_name in files:
@@ -418,7 +430,7 @@ def _build_episode(
         steps=steps,
         videos=videos,
         steps_file=steps_file,
-        meta_record=files.get("meta_record.pkl"),
+        meta_record=files.get(META_RECORD),
         rrd=rrd,
         mtime=mt,
         error=error,
@@ -453,10 +465,10 @@ def _walk(
         lock_seeds: set[str] = set()
         task = "/".join(rel)
         for name, _is_dir, is_file, is_link in entries:
-            if is_file and name.endswith(".lock") and _SEED.match(name[:-5]) and rel:
-                lock_seeds.add(name[:-5])
+            if is_file and rel and name.endswith(LOCK_SUFFIX) and _SEED.match(name[:-_LOCK_LEN]):
+                lock_seeds.add(name[:-_LOCK_LEN])
                 path = os.path.join(d, name)
-                if is_link and not _contained(path, root_s):
+                if is_link and not is_within(path, root_s):
                     log.warning("skipping %s: symlink leads outside %s", path, root_s)
                     continue
                 locks.append((Path(path), task))
@@ -467,7 +479,7 @@ def _walk(
             if is_link:
                 # Task names are the real directory path: a linked directory would list its
                 # episodes twice, or under a made-up task name. Never descend into one.
-                if not _contained(child, root_s):
+                if not is_within(child, root_s):
                     log.warning("skipping %s: symlink leads outside %s", child, root_s)
                 else:
                     log.debug("skipping %s: a symlinked directory inside a run", child)
@@ -521,13 +533,13 @@ def load_episode(
 
 
 def _lock_info(path: Path, task_name: str, now: float, stale_after: float) -> LockInfo:
-    seed = path.name[: -len(".lock")]
+    seed = path.name[: -len(LOCK_SUFFIX)]
     data, _err = _read_json_file(path)
     data = data if isinstance(data, dict) else {}
     mt = _mtime(path) or 0.0
     ts_val = _num(data.get("timestamp"))
     ts = max(mt, ts_val) if ts_val is not None else mt
-    done = (path.parent / seed / "result_info.json").exists()
+    done = (path.parent / seed / RESULT_INFO).exists()
     pid = data.get("pid")
     host = data.get("host")
     wid = data.get("worker_id")
@@ -566,7 +578,7 @@ def read_locks(
 def _manifest_of(
     run_dir: Path, root: Path | None = None
 ) -> tuple[dict[str, Any] | None, str | None]:
-    value, err = _read_json_file(run_dir / "run.json", root or run_dir.resolve())
+    value, err = _read_json_file(run_dir / RUN_JSON, root or run_dir.resolve())
     if err is not None:
         return None, err
     if value is not None and not isinstance(value, dict):
@@ -622,15 +634,15 @@ def _load_run(
     top = {e[0] for e in lister.list(run_dir)}
 
     submitted: dict[str, Any] | None = None
-    if "submitted.flag" in top:
-        val, err = _read_json_file(run_dir / "submitted.flag", root)
+    if SUBMITTED_FLAG in top:
+        val, err = _read_json_file(run_dir / SUBMITTED_FLAG, root)
         if err:
             errors.append(err)
         submitted = val if isinstance(val, dict) else {}
 
     metric: dict[str, TaskMetric] = {}
     metric_file = None
-    for name in ("result.json", "progress.json"):
+    for name in (RESULT_JSON, PROGRESS_JSON):
         if name in top:
             metric_file = name
             val, err = _read_json_file(run_dir / name, root)
@@ -681,18 +693,18 @@ def _load_run(
     elif episodes:
         layout = "client"
     else:
-        layout = "server" if "eval_results" in run_dir.parts else "client"
+        layout = "server" if EVAL_RESULTS_DIR in run_dir.parts else "client"
 
     live = any(not li.stale for li in locks)
     if not live:
         for e in episodes:
             if not e.complete and e.layout == "client" and (now - e.mtime) <= LOCK_STALE_AFTER:
-                if (e.path / "INCOMPLETE").exists():
+                if (e.path / INCOMPLETE).exists():
                     live = True
                     break
 
     times = [e.mtime for e in episodes] + [li.timestamp for li in locks]
-    for name in ("run.json", "result.json", "progress.json", "submitted.flag"):
+    for name in (RUN_JSON, RESULT_JSON, PROGRESS_JSON, SUBMITTED_FLAG):
         if name in top:
             t = _mtime(run_dir / name)
             if t is not None:
@@ -740,8 +752,9 @@ def load_run(run_dir: str | os.PathLike[str], *, now: float | None = None) -> Ru
 
 
 def _results_roots(root: Path) -> list[Path]:
-    """The results roots inside a project root, or the root itself."""
-    found = [p for p in (root / "saved" / "eval_results", root / "client_results") if p.is_dir()]
+    """The known trees inside a project root (:func:`~genmanip_results.roots.project_trees`) that
+    exist, or the root itself (a results root or a benchmark directory)."""
+    found = [p for p in project_trees(root) if p.is_dir()]
     return found or [root]
 
 
@@ -775,8 +788,9 @@ def _sort_runs(runs: Iterable[RunInfo]) -> list[RunInfo]:
 def find_runs(root: str | os.PathLike[str], *, now: float | None = None) -> list[RunInfo]:
     """Every run under ``root``, newest (``created``) first.
 
-    ``root`` may be a project root (holding ``saved/eval_results`` and/or ``client_results``), a
-    results root (``<benchmark>/<run_id>`` below it), a benchmark directory, or a run directory.
+    ``root`` may be a project root (holding any of the known trees ``saved/eval_results``,
+    ``client_results``, ``gmp-demo``: :func:`genmanip_results.roots.project_trees`), a results
+    root (``<benchmark>/<run_id>`` below it), a benchmark directory, or a run directory.
     """
     r = Path(root)
     if not r.is_dir():

@@ -4,7 +4,8 @@ No other module of any gmp package spells these names: writers (eval's recorder,
 server emulation) and readers (discovery, artifacts, viz, leaderboard, clean) import them from
 here, so a rename is one edit and a reader can never drift from its writer.
 
-Two layouts (docs/architecture.md, "On-disk layouts"):
+Which directories are results roots is :mod:`genmanip_results.roots`. Two layouts
+(docs/architecture.md, "On-disk layouts"):
 
 * **server layout** (the real GenManip server's; the testbed writes it too)::
 
@@ -15,7 +16,7 @@ Two layouts (docs/architecture.md, "On-disk layouts"):
 
 * **client layout** (``gmp eval``'s recording)::
 
-      <results_root>/<benchmark>/<run_id>/run.json
+      <results_root>/<benchmark>/<run_id>/run.json (+ .run.json.lock)
           .live/<worker_id>/                      live-view files (eval writes, viz reads)
           <task_name>/episode_result.json (+ episode_result.lock)
           <task_name>/<seed>/steps.jsonl, <camera>.mp4, result.json, INCOMPLETE,
@@ -29,13 +30,17 @@ __all__ = [
     "AWAITING_NOTE_GLOB",
     "AWAITING_NOTE_PREFIX",
     "CLIENT_RESULTS_DIR",
+    "DEMO_RESULTS_DIR",
     "EPISODE_RESULT",
     "EPISODE_RESULT_LOCK",
+    "EPISODE_RRD",
     "EVAL_RESULTS_DIR",
     "FRAMES_DIR",
     "FRAME_SPOOL_SUFFIX",
     "INCOMPLETE",
     "LIVE_DIR",
+    "LIVE_FRAME_SUFFIX",
+    "LIVE_STATE",
     "LOCK_SUFFIX",
     "META_RECORD",
     "NOTE_SUFFIX",
@@ -45,11 +50,15 @@ __all__ = [
     "RESULTS_DIR_ENV",
     "RESULT_INFO",
     "RESULT_JSON",
+    "RRD_SUFFIX",
     "RUN_JSON",
+    "RUN_JSON_LOCK",
     "SAVED_DIR",
+    "SERVER_INPUT_DIRS",
     "STEPS_JSONL",
     "SUBMITTED_FLAG",
     "VIDEO_SUFFIX",
+    "VIEWER_CACHE_PREFIX",
     "awaiting_note_name",
     "pending_note_name",
 ]
@@ -59,13 +68,20 @@ __all__ = [
 RESULTS_DIR_ENV = "GENMANIP_RESULT_DIR"
 #: The client results root when neither ``--results-dir`` nor ``$GENMANIP_RESULT_DIR`` is set.
 CLIENT_RESULTS_DIR = "client_results"
+#: ``gmp demo``'s results root when ``--results-dir`` is not given (client layout, below the cwd).
+DEMO_RESULTS_DIR = "gmp-demo"
 #: The server layout's results live in ``<root>/saved/eval_results``.
 SAVED_DIR = "saved"
 EVAL_RESULTS_DIR = "eval_results"
+#: The server's inputs next to its results (``saved/tasks``, ``saved/demonstrations``): never
+#: results, never touched by gmp.
+SERVER_INPUT_DIRS = ("tasks", "demonstrations")
 
 # --- run directory ------------------------------------------------------------------------------
 #: The client layout's run manifest.
 RUN_JSON = "run.json"
+#: The lock ``run.json`` is merged under (several ``gmp eval`` processes share one run).
+RUN_JSON_LOCK = ".run.json.lock"
 #: The server layout's final (``result.json``) and running (``progress.json``) metric files.
 RESULT_JSON = "result.json"
 PROGRESS_JSON = "progress.json"
@@ -92,6 +108,9 @@ RESULT_INFO = "result_info.json"
 META_RECORD = "meta_record.pkl"
 #: Every camera video is ``<camera>.mp4``.
 VIDEO_SUFFIX = ".mp4"
+#: An episode's Rerun recording, when the server wrote one: ``episode.rrd`` (else any ``*.rrd``).
+EPISODE_RRD = "episode.rrd"
+RRD_SUFFIX = ".rrd"
 #: The JPEG frame spool of an episode being recorded: ``.frames/<camera>.jpegs``.
 FRAMES_DIR = ".frames"
 FRAME_SPOOL_SUFFIX = ".jpegs"
@@ -102,6 +121,16 @@ PENDING_NOTE_PREFIX = ".pending_result."
 NOTE_SUFFIX = ".json"
 AWAITING_NOTE_GLOB = f"{AWAITING_NOTE_PREFIX}*{NOTE_SUFFIX}"
 PENDING_NOTE_GLOB = f"{PENDING_NOTE_PREFIX}*{NOTE_SUFFIX}"
+
+# --- live view (``<run_dir>/.live/<worker_id>/``; the contract is genmanip_results.live) ------
+#: A worker's live state (JSON object).
+LIVE_STATE = "live.json"
+#: A worker's newest frame of a camera: ``<camera>.jpg``.
+LIVE_FRAME_SUFFIX = ".jpg"
+
+# --- generated next to an episode's files (``gmp clean`` may remove them) --------------------
+#: Every results-browser cache (``gmp viz``'s ``.genmanip_vis.rrd`` and its sidecar) starts so.
+VIEWER_CACHE_PREFIX = ".genmanip_vis."
 
 
 def awaiting_note_name(pid: int) -> str:

@@ -25,18 +25,20 @@ from .config import (
     resolve_setting,
     resolve_token,
 )
-from .console import Console, Progress, format_duration, table
+from .console import Console, Progress, StatusLine, format_duration, table
 from .errors import (
     AuthError,
     ConnectError,
     GenmanipRuntimeError,
     HTTPStatusError,
+    InsecureTransportError,
     LockTimeout,
     RequestTimeout,
     TransportError,
 )
+from .netpolicy import check_plain_http, is_loopback_host
 from .retry import Backoff, retry_call
-from .transport import HttpTransport, Response, build_base_url, is_loopback_host
+from .transport import HttpTransport, Response, build_base_url
 
 __all__ = [
     "AuthError",
@@ -47,17 +49,20 @@ __all__ = [
     "GenmanipRuntimeError",
     "HTTPStatusError",
     "HttpTransport",
+    "InsecureTransportError",
     "LockTimeout",
     "Progress",
     "RequestTimeout",
     "Response",
     "Secret",
+    "StatusLine",
     "TransportError",
     "__version__",
     "atomic_write_bytes",
     "atomic_write_json",
     "atomic_write_text",
     "build_base_url",
+    "check_plain_http",
     "config_path",
     "format_duration",
     "is_loopback_host",

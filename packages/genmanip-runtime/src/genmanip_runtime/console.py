@@ -5,8 +5,10 @@ Rules this module enforces so commands do not have to:
 * talk goes to **stderr** (data belongs on stdout, where it can be piped);
 * colour only on a TTY, never when ``NO_COLOR`` is set (https://no-color.org), forced with
   ``FORCE_COLOR``; ``TERM=dumb`` disables it too;
-* the progress line is redrawn in place (``\\r``, at most ~10 times a second) **only on a TTY**;
-  piped or redirected output gets no progress noise at all (the caller may print one summary);
+* the live line -- a :class:`Progress` count or a :class:`StatusLine` of free text (a poll
+  loop's state) -- is redrawn in place (``\\r``) **only on a TTY**, and cleared before any other
+  message is written (then drawn again under it); piped or redirected output gets no live-line
+  noise at all (the caller may print one summary). One live line per console at a time;
 * ``quiet`` silences everything but errors, ``verbose`` enables :meth:`Console.debug`.
 
 Safe to use from several threads (the eval workers update one :class:`Progress`).
@@ -14,7 +16,6 @@ Safe to use from several threads (the eval workers update one :class:`Progress`)
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import threading
@@ -23,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TextIO
 
-__all__ = ["STYLES", "Console", "Progress", "format_duration", "table"]
+__all__ = ["STYLES", "Console", "Progress", "StatusLine", "format_duration", "table"]
 
 #: ANSI SGR codes understood by :meth:`Console.style`.
 STYLES: dict[str, str] = {
@@ -83,16 +84,15 @@ class Console:
         self.verbose = verbose
         self.color = _color_default(self.stream) if color is None else color
         self.lock = threading.RLock()
-        self._live: Progress | None = None
+        self._live: _LiveLine | None = None
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace, stream: TextIO | None = None) -> Console:
-        """A console honouring the global ``-q``/``-v`` flags of ``gmp`` (missing = defaults)."""
-        return cls(
-            stream,
-            quiet=bool(getattr(args, "quiet", False)),
-            verbose=int(getattr(args, "verbose", 0) or 0),
-        )
+    def from_flags(
+        cls, *, verbose: int = 0, quiet: bool = False, stream: TextIO | None = None
+    ) -> Console:
+        """A console honouring ``gmp``'s global ``-v``/``-q`` flags; colour follows the auto rule
+        (TTY, ``NO_COLOR``, ``FORCE_COLOR``, ``TERM=dumb``). ``gmp``'s main builds one per command."""
+        return cls(stream, quiet=quiet, verbose=verbose)
 
     @property
     def stream(self) -> TextIO:
@@ -165,6 +165,10 @@ class Console:
         """Shorthand for ``Progress(total, label, self, unit=unit)``."""
         return Progress(total, label, self, unit=unit)
 
+    def status_line(self, label: str) -> StatusLine:
+        """Shorthand for ``StatusLine(label, self)``: a live line of free text (a poll loop)."""
+        return StatusLine(label, self)
+
 
 def format_duration(seconds: float) -> str:
     """``75.2`` -> ``"1:15"``, ``3725`` -> ``"1:02:05"``."""
@@ -180,7 +184,88 @@ def _fmt_field(value: Any) -> str:
     return str(value)
 
 
-class Progress:
+class _LiveLine:
+    """The drawing shared by :class:`Progress` and :class:`StatusLine`.
+
+    One line redrawn in place under the console's lock, only on a TTY and never with ``quiet``;
+    while entered (``with``) it is the console's live line, which :meth:`Console.write` clears
+    before a message and draws again after it.
+    """
+
+    def __init__(self, console: Console | None) -> None:
+        self.console = console if console is not None else Console()
+        self.live = self.console.is_tty and not self.console.quiet
+        self._t0 = time.monotonic()
+        self._last_draw = 0.0
+        self._drawn = False
+        self._closed = False
+
+    def line(self) -> str:
+        """The text of the line (without ``\\r``)."""
+        raise NotImplementedError
+
+    def _attach(self) -> None:
+        if self.live:
+            with self.console.lock:
+                self.console._live = self
+                self._draw(force=True)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @property
+    def elapsed_s(self) -> float:
+        """Seconds since the line was created."""
+        return time.monotonic() - self._t0
+
+    def clear(self) -> None:
+        """Erase the line from the terminal now; the next update (or message) draws it again."""
+        with self.console.lock:
+            if self._drawn:
+                self._clear()
+                self.console.stream.flush()
+
+    def close(self) -> None:
+        """Clear the line (on a TTY); idempotent."""
+        with self.console.lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self.live:
+                self._clear()
+                self.console.stream.flush()
+            if self.console._live is self:
+                self.console._live = None
+
+    # -- drawing (caller holds console.lock) ---------------------------------------------------
+
+    def _draw(self, *, force: bool = False) -> None:
+        if not self.live or self._closed:
+            return
+        now = time.monotonic()
+        if not force and now - self._last_draw < _REDRAW_S:
+            return
+        self._last_draw = now
+        width = self.console.width() - 1
+        text = self.line()
+        if len(text) > width:
+            text = text[: max(0, width - 1)] + "…"
+        self.console.stream.write("\r\x1b[2K" + text)
+        self.console.stream.flush()
+        self._drawn = True
+
+    def _clear(self) -> None:
+        if self.live and self._drawn:
+            self.console.stream.write("\r\x1b[2K")
+            self._drawn = False
+
+
+class Progress(_LiveLine):
     """A one-line progress display, live on a TTY and silent otherwise.
 
     ``update(n=1, **fields)`` adds ``n`` done units and sets extra fields shown after the count
@@ -197,35 +282,14 @@ class Progress:
     ) -> None:
         self.total = total
         self.label = label
-        self.console = console if console is not None else Console()
         self.unit = unit
         self.done = 0
         self.fields: dict[str, Any] = {}
-        self.live = self.console.is_tty and not self.console.quiet
-        self._t0 = time.monotonic()
-        self._last_draw = 0.0
-        self._drawn = False
-        self._closed = False
+        super().__init__(console)
 
     def __enter__(self) -> Progress:
-        if self.live:
-            with self.console.lock:
-                self.console._live = self
-                self._draw(force=True)
+        self._attach()
         return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    @property
-    def elapsed_s(self) -> float:
-        """Seconds since the progress started."""
-        return time.monotonic() - self._t0
 
     @property
     def rate(self) -> float:
@@ -276,39 +340,42 @@ class Progress:
             f"({self.rate:.2f} {self.unit}/s)"
         )
 
-    def close(self) -> None:
-        """Clear the line (on a TTY); idempotent."""
+
+class StatusLine(_LiveLine):
+    """A live line of free text for a wait loop (``waiting for task t  poll 3  queued  0:12``).
+
+    ``update(*fields)`` replaces the fields shown after ``label``; the line ends with the time
+    since the line was created (:func:`format_duration`). Every update redraws at once (a poll
+    loop updates every few seconds; the last state must never be skipped). Live only on a TTY and
+    without ``quiet``: piped, it writes nothing at all. Any console message clears the line first
+    and draws it again below. Use as a context manager: leaving clears the line.
+    """
+
+    def __init__(self, label: str, console: Console | None = None) -> None:
+        self.label = label
+        self.fields: tuple[str, ...] = ()
+        super().__init__(console)
+
+    def start(self) -> StatusLine:
+        """Make this the console's live line and draw it (what ``with`` does); returns ``self``.
+
+        For a caller that cannot hold a ``with`` block open; it must :meth:`close` the line.
+        """
+        self._attach()
+        return self
+
+    def __enter__(self) -> StatusLine:
+        return self.start()
+
+    def update(self, *fields: str) -> None:
+        """Show ``fields`` (empty ones are left out) after the label and redraw now."""
         with self.console.lock:
-            if self._closed:
-                return
-            self._closed = True
-            if self.live:
-                self._clear()
-                self.console.stream.flush()
-            if self.console._live is self:
-                self.console._live = None
+            self.fields = tuple(f for f in fields if f)
+            self._draw(force=True)
 
-    # -- drawing (caller holds console.lock) ---------------------------------------------------
-
-    def _draw(self, *, force: bool = False) -> None:
-        if not self.live or self._closed:
-            return
-        now = time.monotonic()
-        if not force and now - self._last_draw < _REDRAW_S:
-            return
-        self._last_draw = now
-        width = self.console.width() - 1
-        text = self.line()
-        if len(text) > width:
-            text = text[: max(0, width - 1)] + "…"
-        self.console.stream.write("\r\x1b[2K" + text)
-        self.console.stream.flush()
-        self._drawn = True
-
-    def _clear(self) -> None:
-        if self.live and self._drawn:
-            self.console.stream.write("\r\x1b[2K")
-            self._drawn = False
+    def line(self) -> str:
+        """The status text (without ``\\r``), also usable as a summary when piped."""
+        return "  ".join([self.label, *self.fields, format_duration(self.elapsed_s)])
 
 
 def _is_number(value: Any) -> bool:

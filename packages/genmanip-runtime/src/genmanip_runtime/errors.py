@@ -1,9 +1,10 @@
-"""The errors of gmp's runtime plumbing: HTTP exchanges and cross-process file locks.
+"""The errors of gmp's runtime plumbing: HTTP exchanges, the network policy, file locks.
 
 Tree (every class carries an ``exit_code``)::
 
     GenmanipError (genmanip_protocol)
       GenmanipRuntimeError
+        InsecureTransportError       9  plain HTTP with a token to a host beyond this machine
         LockTimeout                  7  a file lock was not taken in time
         TransportError               5  an HTTP exchange failed (route, sent, maybe_executed)
           ConnectError               6  the server could not be reached; nothing was sent
@@ -23,6 +24,7 @@ __all__ = [
     "ConnectError",
     "GenmanipRuntimeError",
     "HTTPStatusError",
+    "InsecureTransportError",
     "LockTimeout",
     "RequestTimeout",
     "TransportError",
@@ -31,6 +33,21 @@ __all__ = [
 
 class GenmanipRuntimeError(GenmanipError):
     """Base exception of genmanip-runtime."""
+
+
+class InsecureTransportError(GenmanipRuntimeError):
+    """Refused: a token would travel over plain ``http://`` to ``host``, which is not this machine.
+
+    Raised by :func:`genmanip_runtime.netpolicy.check_plain_http` in ``"refuse"`` mode; nothing was
+    sent. Not a :class:`TransportError`, so no retry loop ever replays it. Packages subclass it to
+    keep their own exception tree (``genmanip_online.InsecureURLError``).
+    """
+
+    exit_code = ExitCode.REFUSED
+
+    def __init__(self, message: str, *, host: str = "", hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.host = host
 
 
 class LockTimeout(GenmanipRuntimeError):

@@ -22,7 +22,6 @@ connection: give each worker thread its own transport for parallelism.
 from __future__ import annotations
 
 import http.client
-import ipaddress
 import json as _json
 import logging
 import os
@@ -41,8 +40,9 @@ from genmanip_protocol.errors import ConfigError, DecodeError
 
 from .__about__ import __version__
 from .errors import AuthError, ConnectError, HTTPStatusError, RequestTimeout, TransportError
+from .netpolicy import check_plain_http
 
-__all__ = ["HttpTransport", "Response", "build_base_url", "is_loopback_host"]
+__all__ = ["HttpTransport", "Response", "build_base_url"]
 
 _log = logging.getLogger(__name__)
 
@@ -55,21 +55,6 @@ _DETAIL_MAX = 600
 _UPLOAD_CHUNK = 1024 * 1024
 
 _QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
-
-_warned_plaintext: set[str] = set()
-_warn_lock = threading.Lock()
-
-
-def is_loopback_host(host: str) -> bool:
-    """True for ``localhost`` and loopback IP literals (``127.0.0.0/8``, ``::1``)."""
-    h = host.strip("[]").lower()
-    if h == "localhost" or h.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(h).is_loopback
-    except ValueError:
-        return False
-
 
 def build_base_url(url: str | None = None, host: str | None = None, port: int | None = None,
                    *, scheme: str = "http") -> str:
@@ -250,15 +235,10 @@ class HttpTransport:
         self._lock = threading.RLock()
         #: Connections opened so far (1 + reconnects); for diagnostics and tests.
         self.connections_opened = 0
-        if self._token and self.scheme == "http" and not is_loopback_host(self.host):
-            with _warn_lock:
-                if self.base_url not in _warned_plaintext:
-                    _warned_plaintext.add(self.base_url)
-                    _log.warning(
-                        "the token will be sent over plain http:// to %s; anyone on the path can "
-                        "read it (use https://)",
-                        self.host,
-                    )
+        # Evaluation servers often run on a private network without TLS (as the reference client
+        # expects), so a token over plain HTTP is warned about, not refused; once per URL.
+        check_plain_http(self.base_url, has_token=self._token is not None, mode="warn",
+                         what="server URL")
 
     # -- public API ----------------------------------------------------------------------------
 

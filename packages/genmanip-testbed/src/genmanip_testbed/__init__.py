@@ -1,8 +1,8 @@
 """genmanip-testbed: a faithful local GenManip evaluation server with a tiny deterministic world.
 
 Start one in-process with :func:`serve_testbed` (tests, demos) or from the command line with
-``gmp testbed serve``. The scripted policies :func:`expert_policy` and :func:`zero_policy` follow
-the genmanip-eval policy interface.
+``gmp testbed serve``. The scripted policy :func:`expert_policy` follows the genmanip-eval policy
+interface (``gmp eval --policy expert``, through the ``genmanip.policies`` entry point).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from .errors import (
     UnknownConfigError,
 )
 from .faults import FaultSpec, parse_fault_spec
-from .policies import ExpertPolicy, ZeroPolicy, expert_policy, zero_policy
+from .policies import ExpertPolicy, expert_policy
 from .server import LocalServer, ServerHandle, ServerOptions, serve_testbed
 from .stats import Stats
 from .tasks import BENCHMARK_ID, CONFIG_NAMES, DEFAULT_CONFIG, TaskSpec, resolve_configs
@@ -39,11 +39,9 @@ __all__ = [
     "Stats",
     "TaskSpec",
     "UnknownConfigError",
-    "ZeroPolicy",
     "__version__",
     "expert_policy",
     "parse_fault_spec",
     "resolve_configs",
     "serve_testbed",
-    "zero_policy",
 ]

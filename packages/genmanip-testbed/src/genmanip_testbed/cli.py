@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import argparse
-import ipaddress
 import logging
 import sys
 from pathlib import Path
 
 from genmanip_protocol.errors import ExitCode
+from genmanip_results.layout import EVAL_RESULTS_DIR, SAVED_DIR
 from genmanip_runtime.config import resolve_token
 from genmanip_runtime.console import Console
+from genmanip_runtime.netpolicy import is_loopback_host
 
 from .errors import ServerStartError
 from .faults import FaultSpec, parse_fault_spec
@@ -18,15 +18,6 @@ from .server import LocalServer, ServerOptions, _bind, _uvicorn_server
 from .tasks import DEFAULT_CONFIG
 
 __all__ = ["serve"]
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _tune_malloc() -> None:
@@ -46,41 +37,60 @@ def _tune_malloc() -> None:
         pass
 
 
-def serve(args: argparse.Namespace) -> int:
+def serve(
+    *,
+    host: str,
+    port: int,
+    token: str | None,
+    wire: str,
+    robot: str,
+    tasks: list[str] | None,
+    results_root: str,
+    save_process: bool,
+    fault: list[str],
+    no_job: bool,
+    run_id: str | None,
+    num_steps: int | None,
+    capacity: int,
+    reset_delay: float,
+    is_relative_action: bool,
+    seed: int,
+    without_render: bool,
+    online_token: str | None,
+    leaderboard_token: str | None,
+    ssl_certfile: str | None,
+    ssl_keyfile: str | None,
+    console: Console,
+) -> int:
     """Run the testbed in the foreground until Ctrl-C; one access-log line per request on stderr."""
-    console = Console.from_args(args)
     _tune_malloc()
-    token = resolve_token(getattr(args, "token", None), "GMP_TESTBED_TOKEN", "testbed")
-    faults = (
-        parse_fault_spec(",".join(getattr(args, "fault", None) or []))
-        if getattr(args, "fault", None)
-        else FaultSpec()
-    )
+    server_token = resolve_token(token, "GMP_TESTBED_TOKEN", "testbed")
+    faults = parse_fault_spec(",".join(fault)) if fault else FaultSpec()
     opts = ServerOptions(
-        robot=args.robot,
-        wire=args.wire,
-        tasks=tuple(args.tasks or (DEFAULT_CONFIG,)),
-        token=token,
-        online_token=getattr(args, "online_token", None),
-        leaderboard_token=getattr(args, "leaderboard_token", None),
-        results_root=Path(args.results_root),
-        save_process=bool(args.save_process),
-        run_id=args.run_id,
-        job=not args.no_job,
-        num_steps=getattr(args, "num_steps", None),
-        capacity=getattr(args, "capacity", 8),
-        reset_delay=getattr(args, "reset_delay", 0.03),
-        is_rel_default=bool(getattr(args, "is_relative_action", False)),
-        seed=int(getattr(args, "seed", 0) or 0),
-        render=not getattr(args, "without_render", False),
+        robot=robot,
+        wire=wire,
+        tasks=tuple(tasks or (DEFAULT_CONFIG,)),
+        token=server_token,
+        online_token=online_token,
+        leaderboard_token=leaderboard_token,
+        results_root=Path(results_root),
+        save_process=save_process,
+        run_id=run_id,
+        job=not no_job,
+        num_steps=num_steps,
+        capacity=capacity,
+        reset_delay=reset_delay,
+        is_rel_default=is_relative_action,
+        seed=int(seed or 0),
+        render=not without_render,
     )
-    if not _is_loopback(args.host) and token is None:
+    if not is_loopback_host(host) and server_token is None:
         console.warn(
-            f"serving on {args.host} without --token: anyone who can reach it can drive the robot"
+            f"serving on {host} without --token: anyone who can reach it can drive the robot"
         )
     opts.results_root.mkdir(parents=True, exist_ok=True)
     server = LocalServer(opts, faults=faults)
-    sock = _bind(args.host, args.port)
+    sock = _bind(host, port)
     if not console.quiet:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
@@ -90,9 +100,7 @@ def serve(args: argparse.Namespace) -> int:
         access.propagate = False
     import uvicorn
 
-    certfile = getattr(args, "ssl_certfile", None)
-    keyfile = getattr(args, "ssl_keyfile", None)
-    if bool(certfile) != bool(keyfile):
+    if bool(ssl_certfile) != bool(ssl_keyfile):
         raise ServerStartError("--ssl-certfile and --ssl-keyfile go together")
     config = uvicorn.Config(
         server.app,
@@ -100,20 +108,20 @@ def serve(args: argparse.Namespace) -> int:
         lifespan="off",
         log_level="warning",
         access_log=False,
-        ssl_certfile=certfile,
-        ssl_keyfile=keyfile,
+        ssl_certfile=ssl_certfile,
+        ssl_keyfile=ssl_keyfile,
         timeout_graceful_shutdown=5,
     )
-    host, port = sock.getsockname()[:2]
-    scheme = "https" if certfile else "http"
+    bound_host, bound_port = sock.getsockname()[:2]
+    scheme = "https" if ssl_certfile else "http"
     job = (
         f"job {server.core.benchmark_id}/{server.core.run_id} ({', '.join(opts.tasks)})"
         if opts.job
         else "no job (waiting for /start_new_job)"
     )
     console.info(
-        f"testbed serving {scheme}://{host}:{port}  robot {server.core.robot.robot_id}, wire {opts.wire}, "
-        f"{job}, auth {'on' if token else 'off'}, results under {opts.results_root.resolve()}/saved/eval_results"
+        f"testbed serving {scheme}://{bound_host}:{bound_port}  robot {server.core.robot.robot_id}, wire {opts.wire}, "
+        f"{job}, auth {'on' if server_token else 'off'}, results under {opts.results_root.resolve() / SAVED_DIR / EVAL_RESULTS_DIR}"
     )
     try:
         _uvicorn_server(config, server.stopping).run(sockets=[sock])

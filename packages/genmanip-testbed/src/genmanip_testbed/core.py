@@ -29,6 +29,16 @@ from typing import Any
 
 import numpy as np
 from genmanip_protocol.robots import RobotSpec, get_robot
+from genmanip_results.layout import (
+    EVAL_RESULTS_DIR,
+    LOCK_SUFFIX,
+    META_RECORD,
+    PROGRESS_JSON,
+    RESULT_INFO,
+    RESULT_JSON,
+    SAVED_DIR,
+    VIDEO_SUFFIX,
+)
 
 from .errors import GenmanipTestbedError
 from .faults import FaultState
@@ -197,13 +207,13 @@ class EvalCore:
         """``<results_root>/saved/eval_results/<benchmark>/<run_id>`` of the loaded job."""
         if self.benchmark_id is None or self.run_id is None:
             raise GenmanipTestbedError("no job is loaded: start one with /start_new_job first")
-        return self.cfg.results_root / "saved" / "eval_results" / self.benchmark_id / self.run_id
+        return self.cfg.results_root / SAVED_DIR / EVAL_RESULTS_DIR / self.benchmark_id / self.run_id
 
     def _seed_dir(self, key: _SEED_KEY) -> Path:
         return self.run_dir / key[0] / key[1]
 
     def _lock_path(self, key: _SEED_KEY) -> Path:
-        return self.run_dir / key[0] / f"{key[1]}.lock"
+        return self.run_dir / key[0] / f"{key[1]}{LOCK_SUFFIX}"
 
     @staticmethod
     def validate_run_id(run_id: str) -> str:
@@ -252,7 +262,7 @@ class EvalCore:
         )
 
     def _read_result_info(self, key: _SEED_KEY) -> tuple[float, float] | None:
-        path = self._seed_dir(key) / "result_info.json"
+        path = self._seed_dir(key) / RESULT_INFO
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
             score = float(data["score"])
@@ -287,7 +297,7 @@ class EvalCore:
             total = sum(t.num_test for t in self.tasks)
             if refresh and self.benchmark_id is not None:
                 completed = sum(
-                    1 for k in self._order if (self._seed_dir(k) / "result_info.json").exists()
+                    1 for k in self._order if (self._seed_dir(k) / RESULT_INFO).exists()
                 )
                 in_progress = sum(1 for k in self._order if self._lock_fresh(k))
             else:
@@ -330,7 +340,7 @@ class EvalCore:
         except OSError:
             return False
         return (
-            age <= self.cfg.lock_stale_s and not (self._seed_dir(key) / "result_info.json").exists()
+            age <= self.cfg.lock_stale_s and not (self._seed_dir(key) / RESULT_INFO).exists()
         )
 
     def _create_lock(self, key: _SEED_KEY, wid: Any) -> bool:
@@ -528,7 +538,7 @@ class EvalCore:
             if self.benchmark_id is not None:
                 from genmanip_runtime.atomic import atomic_write_json
 
-                name = "result.json" if self._all_done() else "progress.json"
+                name = RESULT_JSON if self._all_done() else PROGRESS_JSON
                 self.run_dir.mkdir(parents=True, exist_ok=True)
                 atomic_write_json(self.run_dir / name, metric)
         w.finished = True
@@ -678,7 +688,7 @@ class EvalCore:
                     name = cam_key[len("video.") :]
                     name = name[: -len("_view")] if name.endswith("_view") else name
                     if jpegs:
-                        transcode_jpegs(jpegs, seed_dir / f"{name}.mp4", fps=self.cfg.video_fps)
+                        transcode_jpegs(jpegs, seed_dir / f"{name}{VIDEO_SUFFIX}", fps=self.cfg.video_fps)
                 meta = {
                     "joint_positions": ep.record_joints,
                     "gripper_positions": ep.record_gripper,
@@ -688,7 +698,7 @@ class EvalCore:
                     "robot_id": ep.robot.robot_id,
                 }
                 atomic_write_bytes(
-                    seed_dir / "meta_record.pkl",
+                    seed_dir / META_RECORD,
                     pickle.dumps(meta, protocol=pickle.HIGHEST_PROTOCOL),
                 )
             info: dict[str, Any] = {
@@ -703,8 +713,8 @@ class EvalCore:
             if ep.termination_reason is not None:
                 info["termination_reason"] = ep.termination_reason
             # Written last: its existence means the episode is done.
-            atomic_write_json(seed_dir / "result_info.json", info)
-            lock = run_dir / key[0] / f"{key[1]}.lock"
+            atomic_write_json(seed_dir / RESULT_INFO, info)
+            lock = run_dir / key[0] / f"{key[1]}{LOCK_SUFFIX}"
             try:
                 data = json.loads(lock.read_text(encoding="utf-8"))
                 if data.get("pid") == os.getpid() and data.get("worker_id") == str(wid):

@@ -1,15 +1,18 @@
-"""Scripted policies for the testbed world (the genmanip-eval policy interface).
+"""The scripted policy of the testbed world (the genmanip-eval policy interface).
 
 A policy has ``reset()``, ``get_action(obs) -> action_dict`` and ``get_action_chunk(obs) ->
 list[action_dict]``. Factories take keyword arguments whose values may be strings (from
-``--policy-arg k=v``) and parse them.
+``--policy-arg k=v``) and parse them. :func:`expert` is registered as ``expert`` in the
+``genmanip.policies`` entry-point group, so ``gmp eval --policy expert`` finds it by name.
 
 * :func:`expert` decides from the observation only: it reads the target colour and arm from the
   instruction, finds the block in the top camera image by colour thresholding (numpy), computes its
   gripper position from ``state.joints`` with the robot's published kinematic model, and moves there,
   closes, and lifts when asked. Its colour threshold is crude on purpose: in the hard split a
   similar-coloured distractor pulls its estimate off the block, so it fails some hard episodes.
-* :func:`zero` sends relative zero actions (holds still): it scores 0.
+
+The no-op policy is genmanip-eval's ``zero`` (one owner); its action is
+:meth:`genmanip_protocol.robots.RobotSpec.neutral_action`.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from genmanip_protocol.robots import RobotSpec, get_robot
 from .kinematics import arm_jacobian, arm_mounts, fk, local_to_world, mat_to_quat, world_to_local
 from .render import COLOURS, top_pixel_to_world
 
-__all__ = ["ExpertPolicy", "ZeroPolicy", "expert", "expert_policy", "zero", "zero_policy"]
+__all__ = ["ExpertPolicy", "expert", "expert_policy"]
 
 _COLOUR_NAMES = ("red", "blue", "green", "yellow")
 _TOP_CAMERAS = ("video.top_camera_view", "video.obs_camera_view")
@@ -205,35 +208,6 @@ class ExpertPolicy:
         return out
 
 
-class ZeroPolicy:
-    """Relative zero arm motion with the grippers open.
-
-    Every action is ``is_rel=True`` with zero arm deltas and the grippers open, so the robot never
-    moves: it scores 0 on every testbed task.
-    """
-
-    def __init__(self, *, chunk: int = 4) -> None:
-        self.chunk = max(1, int(chunk))
-
-    def reset(self) -> None:
-        """Nothing to forget."""
-
-    def get_action(self, obs: Mapping[str, Any]) -> dict[str, Any]:
-        robot = get_robot(str(obs.get("robot_id", "manip/lift2/R5a")))
-        vec: list[float] = []
-        for _ in range(robot.n_arms):
-            vec.extend([0.0] * robot.arm_dof)
-            vec.extend(float(v) for v in robot.gripper_open)
-        action: dict[str, Any] = {"control_type": "joint_position", "action": vec, "is_rel": True}
-        if robot.has_base:
-            action["base_motion"] = [0.0, 0.0, 0.0]
-            action["base_is_rel"] = True
-        return action
-
-    def get_action_chunk(self, obs: Mapping[str, Any]) -> list[dict[str, Any]]:
-        return [self.get_action(obs) for _ in range(self.chunk)]
-
-
 def expert(**kwargs: Any) -> ExpertPolicy:
     """Factory of :class:`ExpertPolicy`; values may be strings (``seed=3``, ``noise=0.002``,
     ``speed=0.03``, ``control_type=ee_pose``, ``chunk=4``, ``threshold=70``)."""
@@ -259,15 +233,4 @@ def expert(**kwargs: Any) -> ExpertPolicy:
     return ExpertPolicy(**parsed)
 
 
-def zero(**kwargs: Any) -> ZeroPolicy:
-    """Factory of :class:`ZeroPolicy` (``chunk=N`` accepted)."""
-    unknown = set(kwargs) - {"chunk", "seed"}
-    if unknown:
-        raise ValueError(
-            f"zero policy: unknown argument(s) {', '.join(sorted(unknown))} (known: chunk)"
-        )
-    return ZeroPolicy(chunk=int(kwargs.get("chunk", 4)))
-
-
 expert_policy = expert
-zero_policy = zero

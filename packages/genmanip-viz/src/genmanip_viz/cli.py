@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
 import multiprocessing
 import os
@@ -13,6 +12,7 @@ from pathlib import Path
 
 from genmanip_protocol.errors import ExitCode
 from genmanip_results.discovery import is_run_dir, load_run
+from genmanip_results.layout import EPISODE_RRD
 from genmanip_runtime.console import Console, Progress
 
 from .errors import NoRunError, VizDependencyError
@@ -29,11 +29,19 @@ def _check_rerun() -> None:
     if importlib.util.find_spec("rerun") is None:
         raise VizDependencyError(
             "gmp viz needs rerun-sdk 0.41 (Python >= 3.11)",
-            hint="pip install 'genmanip[viz]'  (or: pip install genmanip-viz)",
+            hint="pip install 'rerun-sdk==0.41.*'  (or reinstall genmanip-viz, which requires it)",
         )
 
 
-def serve(args: argparse.Namespace) -> int:
+def serve(
+    *,
+    root: str,
+    port: int,
+    host: str,
+    https: bool | None,
+    open: bool,  # --open's dest; shadows the builtin, which this function does not use
+    console: Console,
+) -> int:
     """``gmp viz [--root DIR] [--port 55077] [--host 127.0.0.1] [--https | --http] [--open]``.
 
     Loopback binds serve plain HTTP (``http://localhost`` is a secure context, which the viewer's
@@ -43,30 +51,26 @@ def serve(args: argparse.Namespace) -> int:
     _check_rerun()
     from .server import VizServer, is_loopback
 
-    console = Console.from_args(args)
-    root = Path(getattr(args, "root", None) or ".").expanduser()
-    if not root.is_dir():
-        raise NoRunError(f"--root: {root} is not a directory")
-    host = str(getattr(args, "host", None) or "127.0.0.1")
-    https = getattr(args, "https", None)
+    root_dir = Path(root or ".").expanduser()
+    if not root_dir.is_dir():
+        raise NoRunError(f"--root: {root_dir} is not a directory")
+    host = str(host or "127.0.0.1")
     loopback = is_loopback(host)
     token = None if loopback else secrets.token_urlsafe(24)
     server = VizServer(
-        root,
+        root_dir,
         host=host,
-        port=int(
-            getattr(args, "port", 55077) if getattr(args, "port", None) is not None else 55077
-        ),
+        port=port,
         https=https,
         token=token,
-        workers=int(getattr(args, "jobs", None) or 2),
+        # gmp viz has no --jobs (gmp viz build has): the server's on-demand builds use two.
+        workers=2,
     )
-    wanted = getattr(args, "port", None)
-    if wanted not in (None, 0) and server.port != wanted:
-        console.warn(f"port {wanted} is busy; using {server.port}")
+    if port not in (0, server.port):
+        console.warn(f"port {port} is busy; using {server.port}")
     # The URL (with the token, printed once) is the command's data: stdout. Hints go to stderr.
     print(server.url, flush=True)
-    console.info(f"serving results under {root.resolve()}")
+    console.info(f"serving results under {root_dir.resolve()}")
     if loopback:
         here = socket.gethostname()
         console.info(
@@ -83,7 +87,7 @@ def serve(args: argparse.Namespace) -> int:
             f"{socket.gethostname()}"
         )
     console.info("press Ctrl-C to stop")
-    if getattr(args, "open", False):
+    if open:
         import webbrowser
 
         webbrowser.open(server.url)
@@ -91,32 +95,31 @@ def serve(args: argparse.Namespace) -> int:
     return int(ExitCode.OK)
 
 
-def build(args: argparse.Namespace) -> int:
+def build(*, run_dir: str, jobs: int | None, console: Console) -> int:
     """``gmp viz build RUN_DIR [--jobs N]``: build every complete episode's recording up front."""
     _check_rerun()
-    console = Console.from_args(args)
-    run_dir = Path(args.run_dir).expanduser()
-    if not run_dir.is_dir() or not is_run_dir(run_dir):
+    run_path = Path(run_dir).expanduser()
+    if not run_path.is_dir() or not is_run_dir(run_path):
         raise NoRunError(
-            f"RUN_DIR: {run_dir} is not a run directory",
+            f"RUN_DIR: {run_path} is not a run directory",
             hint="give <results>/<benchmark>/<run_id> (the directory holding the task folders)",
         )
-    run = load_run(run_dir)
+    run = load_run(run_path)
     episodes = [e for e in run.episodes if e.complete and e.videos]
     todo = [
         e
         for e in episodes
-        if not recording_is_fresh(e) and not (Path(e.path) / "episode.rrd").is_file()
+        if not recording_is_fresh(e) and not (Path(e.path) / EPISODE_RRD).is_file()
     ]
-    jobs = getattr(args, "jobs", None) or min(2, os.cpu_count() or 1)
-    if jobs < 1:
+    workers = jobs or min(2, os.cpu_count() or 1)
+    if workers < 1:
         raise NoRunError("--jobs: must be >= 1")
     failed: list[tuple[str, str]] = []
     if todo:
         ctx = multiprocessing.get_context("spawn")
         with (
             Progress(len(todo), "building recordings", console, unit="episodes") as prog,
-            concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool,
+            concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool,
         ):
             futures = {pool.submit(build_recording, e): e for e in todo}
             for fut in concurrent.futures.as_completed(futures):
@@ -133,5 +136,5 @@ def build(args: argparse.Namespace) -> int:
     )
     for eid, msg in failed:
         console.error(f"{eid}: {msg}")
-    print(run_dir.resolve(), file=sys.stdout)
+    print(run_path.resolve(), file=sys.stdout)
     return int(ExitCode.FAILURE if failed else ExitCode.OK)

@@ -9,20 +9,19 @@ seconds for it, so no request blocks on a slow file system for more than a page'
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from genmanip_results.discovery import EpisodeInfo, RunInfo, RunScanner
-from genmanip_results.stats import wilson_interval
 
-from .errors import UnsafePathError
-from .paths import is_within, safe_component
+# The live-view contract (file names, path safety) is genmanip_results.live: eval writes through
+# it, these readers are its; re-exported here for the pages.
+from genmanip_results.live import LiveWorker, live_workers
+from genmanip_results.stats import wilson_interval
 
 __all__ = [
     "Comparison",
@@ -37,9 +36,6 @@ __all__ = [
     "live_workers",
     "run_key",
 ]
-
-#: A ``.live/<worker>/live.json`` older than this no longer marks its run as live.
-LIVE_FRESH_S = 60.0
 
 
 def run_key(rel: str) -> str:
@@ -80,69 +76,6 @@ def group_stats(episodes: Sequence[EpisodeInfo]) -> GroupStats:
         ci=wilson_interval(succ, n),
         mean_score=(sum(scores) / len(scores)) if scores else None,
     )
-
-
-@dataclass(frozen=True)
-class LiveWorker:
-    """One worker of an active run, from its ``.live/<worker>/`` directory and/or a fresh lock."""
-
-    worker_id: str
-    cameras: tuple[str, ...]
-    state: dict[str, Any]
-    updated: float
-    fresh: bool
-    task_name: str | None = None
-    seed: str | None = None
-
-
-def live_workers(run_dir: Path, *, now: float | None = None) -> list[LiveWorker]:
-    """Workers that published live frames under ``<run_dir>/.live/`` (names validated, no symlinks
-    out of the run directory)."""
-    now = time.time() if now is None else now
-    live_root = Path(run_dir) / ".live"
-    out: list[LiveWorker] = []
-    try:
-        entries = sorted(live_root.iterdir())
-    except OSError:
-        return out
-    for wdir in entries:
-        try:
-            safe_component(wdir.name, field="worker_id")
-        except UnsafePathError:
-            continue  # a hostile or foreign name is not a worker: skip it
-        if not wdir.is_dir() or not is_within(wdir, run_dir):
-            continue
-        state: dict[str, Any] = {}
-        updated = 0.0
-        info = wdir / "live.json"
-        try:
-            raw = json.loads(info.read_text(encoding="utf-8"))
-            if isinstance(raw, dict):
-                state = raw
-            updated = info.stat().st_mtime
-        except (OSError, ValueError):
-            pass
-        cams = []
-        for f in sorted(wdir.glob("*.jpg")):
-            try:
-                safe_component(f.stem, field="camera")
-            except UnsafePathError:
-                continue  # not a camera name we serve
-            cams.append(f.stem)
-            try:
-                updated = max(updated, f.stat().st_mtime)
-            except OSError:
-                pass
-        out.append(
-            LiveWorker(
-                worker_id=wdir.name,
-                cameras=tuple(cams),
-                state=state,
-                updated=updated,
-                fresh=(now - updated) < LIVE_FRESH_S,
-            )
-        )
-    return out
 
 
 @dataclass

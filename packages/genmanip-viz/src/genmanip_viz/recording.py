@@ -7,6 +7,10 @@ Inputs, per layout (see ``docs/architecture.md``):
   ``genmanip_protocol.codec.safe_loads``) + ``result_info.json``; when the server wrote its own
   ``episode.rrd`` that file is used as is and nothing is built.
 
+The series are read by :func:`genmanip_results.series.load_series` (the one loader of both layouts,
+shared with ``gmp plot``): a bad row never stops a recording; it is a gap in the plots, and the
+recording's result panel lists what was skipped.
+
 The recording has one timeline, ``step`` (a sequence: the simulator timestep). Each camera's mp4 goes in
 once as an ``AssetVideo`` (the encoded bytes, not per-frame images) and every step refers into it with a
 ``VideoFrameReference``, so the recording is about as large as the source videos plus a few KiB of
@@ -25,17 +29,26 @@ import json
 import math
 import os
 import uuid
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from genmanip_results.layout import (
+    EPISODE_RRD,
+    META_RECORD,
+    RESULT_INFO,
+    RESULT_JSON,
+    STEPS_JSONL,
+    VIEWER_CACHE_PREFIX,
+)
+from genmanip_results.series import order_cameras
 
 from .errors import RecordingBuildError, VizDependencyError
 
 if TYPE_CHECKING:
     from genmanip_results.discovery import EpisodeInfo
+    from genmanip_results.series import EpisodeSeries
 
 __all__ = [
     "BUILDER_VERSION",
@@ -49,16 +62,19 @@ __all__ = [
     "recording_path",
 ]
 
-#: Name of the recording this package writes next to an episode's files.
-RRD_NAME = ".genmanip_vis.rrd"
+#: Name of the recording this package writes next to an episode's files (a viewer cache: the
+#: prefix is what ``gmp clean`` recognizes).
+RRD_NAME = f"{VIEWER_CACHE_PREFIX}rrd"
 #: Sidecar with the inputs' sizes/mtimes the recording was built from.
-SIDECAR_NAME = ".genmanip_vis.rrd.json"
+SIDECAR_NAME = f"{RRD_NAME}.json"
 #: Bumped whenever the recording's content or blueprint changes, so old recordings are rebuilt.
-BUILDER_VERSION = 3
+BUILDER_VERSION = 4
 #: The server's own recording (written with ``--save_process`` when rerun-sdk is installed there).
-SERVER_RRD_NAME = "episode.rrd"
+SERVER_RRD_NAME = EPISODE_RRD
 
-_INPUT_NAMES = ("steps.jsonl", "meta_record.pkl", "result.json", "result_info.json")
+_INPUT_NAMES = (STEPS_JSONL, META_RECORD, RESULT_JSON, RESULT_INFO)
+#: Problems listed one by one in the recording's result panel before the rest is only counted.
+_MAX_PROBLEMS_SHOWN = 10
 
 
 def _rerun() -> Any:
@@ -79,7 +95,9 @@ class EpisodeData:
     Arrays: ``*_steps`` are int64 ``(N,)`` timeline values; the matching value arrays are float64
     ``(N, D)`` (joint positions in rad or m as the joint is; actions in the action's own units).
     ``frames[camera]`` is ``(steps, frame_indices)``: at timeline step ``steps[i]`` camera shows its
-    video frame ``frame_indices[i]`` (0-based index into the mp4).
+    video frame ``frame_indices[i]`` (0-based index into the mp4). NaN values are gaps (bad rows).
+    ``problems``: what the loader skipped or blanked, one line each (shown in the result panel);
+    ``problem_summary``: one line counting them (None for a clean recording).
     """
 
     episode_id: str
@@ -92,6 +110,8 @@ class EpisodeData:
     action: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     frames: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     n_steps: int = 0
+    problems: list[str] = field(default_factory=list)
+    problem_summary: str | None = None
 
 
 def recording_path(episode_dir: Path) -> Path:
@@ -100,7 +120,8 @@ def recording_path(episode_dir: Path) -> Path:
 
 
 def _input_paths(episode: EpisodeInfo) -> list[Path]:
-    paths = [Path(p) for p in episode.videos.values()]
+    # Camera videos only: a merged_with_plot.mp4 written later by gmp plot is no input.
+    paths = [Path(p) for p in order_cameras(episode.videos).values()]
     for name in _INPUT_NAMES:
         p = Path(episode.path) / name
         if p.is_file():
@@ -138,195 +159,67 @@ def recording_is_fresh(episode: EpisodeInfo) -> bool:
 # --------------------------------------------------------------------------------------------------
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as exc:
-        raise RecordingBuildError(f"{path}: unreadable JSON ({exc})") from exc
-    return data if isinstance(data, dict) else {}
+#: Result fields shown in the recording, per layout (``result.json`` / ``result_info.json``).
+_RESULT_KEYS = {
+    "client": ("score", "sr", "steps", "worker_id", "started", "finished"),
+    "server": ("score", "success_rate", "sr"),
+}
 
 
-def _as_vector(value: Any) -> np.ndarray | None:
-    """A finite-or-NaN float64 vector from a list/array, or None when it is not numeric."""
-    try:
-        arr = np.asarray(value, dtype=np.float64).ravel()
-    except (TypeError, ValueError):
-        return None
-    return arr if arr.size else None
-
-
-def _stack(
-    steps: Sequence[int], rows: Sequence[np.ndarray]
-) -> tuple[np.ndarray, np.ndarray] | None:
-    """Stack same-length vectors; rows whose length differs from the most common one are dropped."""
-    if not rows:
-        return None
-    lengths = [r.size for r in rows]
-    width = max(set(lengths), key=lengths.count)
-    keep = [i for i, n in enumerate(lengths) if n == width]
-    return (
-        np.asarray([steps[i] for i in keep], dtype=np.int64),
-        np.vstack([rows[i] for i in keep]),
-    )
-
-
-def _load_client(episode: EpisodeInfo, data: EpisodeData) -> None:
-    steps_file = episode.steps_file or Path(episode.path) / "steps.jsonl"
-    state_rows: dict[str, tuple[list[int], list[np.ndarray]]] = {}
-    action_rows: dict[str, tuple[list[int], list[np.ndarray]]] = {}
-    frame_steps: list[int] = []
-    frame_idx: list[int] = []
-    last_step = -1
-    try:
-        fh = open(steps_file, encoding="utf-8")
-    except FileNotFoundError:
-        fh = None
-    except OSError as exc:
-        raise RecordingBuildError(f"{steps_file}: cannot read ({exc})") from exc
-    if fh is not None:
-        with fh:
-            for lineno, raw in enumerate(fh, 1):
-                line = raw.strip()
-                if not line:
-                    continue
-                try:
-                    row = json.loads(line)
-                except ValueError:
-                    # The last line of an episode that is still being written may be partial.
-                    continue
-                if not isinstance(row, dict) or not isinstance(row.get("step"), int):
-                    raise RecordingBuildError(f"{steps_file}:{lineno}: row has no integer 'step'")
-                step = int(row["step"])
-                last_step = max(last_step, step)
-                obs_t = row.get("obs_timestep")
-                obs_step = int(obs_t) if isinstance(obs_t, int) else step
-                data.robot_id = data.robot_id or str(row.get("robot_id") or "")
-                state = row.get("state")
-                if isinstance(state, dict):
-                    for key, value in state.items():
-                        vec = _as_vector(value)
-                        if vec is not None:
-                            s, v = state_rows.setdefault(str(key), ([], []))
-                            s.append(obs_step)
-                            v.append(vec)
-                    frame = row.get("frame")
-                    if isinstance(frame, int) and frame >= 0:
-                        frame_steps.append(obs_step)
-                        frame_idx.append(frame)
-                action = row.get("action")
-                if isinstance(action, dict):
-                    vec = _as_vector(action.get("action"))
-                    if vec is not None:
-                        s, v = action_rows.setdefault("arm", ([], []))
-                        s.append(step)
-                        v.append(vec)
-                    base = _as_vector(action.get("base_motion"))
-                    if base is not None and _is_mobile(episode, data):
-                        s, v = action_rows.setdefault("base_motion", ([], []))
-                        s.append(step)
-                        v.append(base)
-    for key, (s, v) in state_rows.items():
-        stacked = _stack(s, v)
-        if stacked is not None:
-            data.state[key] = stacked
-    for key, (s, v) in action_rows.items():
-        stacked = _stack(s, v)
-        if stacked is not None:
-            data.action[key] = stacked
-    if frame_steps:
-        fs = np.asarray(frame_steps, dtype=np.int64)
-        fi = np.asarray(frame_idx, dtype=np.int64)
-        for cam in data.videos:
-            data.frames[cam] = (fs, fi)
-    data.n_steps = last_step + 1
-    result = _read_json(Path(episode.path) / "result.json")
-    data.instruction = str(result.get("instruction") or "")
-    data.robot_id = data.robot_id or str(result.get("robot_id") or "")
-    data.result = {
-        k: result[k]
-        for k in ("score", "sr", "steps", "worker_id", "started", "finished")
-        if k in result
-    }
-
-
-def _is_mobile(episode: EpisodeInfo, data: EpisodeData) -> bool:
+def _is_mobile(series: EpisodeSeries | None) -> bool:
     """Whether the episode's robot has a mobile base (dual-arm robots); unknown robots: yes."""
-    try:
-        from genmanip_protocol.robots import get_robot
-
-        return bool(get_robot(data.robot_id).dual_arm) if data.robot_id else True
-    except Exception:  # an unknown robot id must not stop a replay
-        return True
-
-
-def _load_server(episode: EpisodeInfo, data: EpisodeData) -> None:
-    from genmanip_protocol.codec import safe_loads
-
-    meta_path = episode.meta_record or Path(episode.path) / "meta_record.pkl"
-    meta: Any = {}
-    if Path(meta_path).is_file():
-        try:
-            meta = safe_loads(Path(meta_path).read_bytes())
-        except Exception as exc:
-            raise RecordingBuildError(f"{meta_path}: cannot load ({exc})") from exc
-    if not isinstance(meta, Mapping):
-        meta = {}
-    data.instruction = str(meta.get("instruction") or "")
-    data.robot_id = str(meta.get("robot_id") or "")
-    n = 0
-    for key, name in (
-        ("joint_positions", "joints"),
-        ("gripper_positions", "gripper"),
-        ("base_positions", "base"),
-    ):
-        seq = meta.get(key)
-        if isinstance(seq, (list, tuple)) or (isinstance(seq, np.ndarray) and seq.ndim >= 1):
-            vecs = [_as_vector(x) for x in seq]
-            pairs = [(i, v) for i, v in enumerate(vecs) if v is not None]
-            stacked = _stack([i for i, _ in pairs], [v for _, v in pairs])
-            if stacked is not None:
-                data.state[name] = stacked
-                n = max(n, len(seq))
-    outputs = meta.get("model_output")
-    if isinstance(outputs, (list, tuple)):
-        arm_s: list[int] = []
-        arm_v: list[np.ndarray] = []
-        base_s: list[int] = []
-        base_v: list[np.ndarray] = []
-        for i, out in enumerate(outputs):
-            if not isinstance(out, Mapping):
-                continue
-            vec = _as_vector(out.get("arm_action"))
-            if vec is not None:
-                arm_s.append(i)
-                arm_v.append(vec)
-            base = _as_vector(out.get("base_motion"))
-            if base is not None:
-                base_s.append(i)
-                base_v.append(base)
-        for name, s, v in (("arm", arm_s, arm_v), ("base_motion", base_s, base_v)):
-            stacked = _stack(s, v)
-            if stacked is not None:
-                data.action[name] = stacked
-        n = max(n, len(outputs))
-    data.n_steps = n
-    result = _read_json(Path(episode.path) / "result_info.json")
-    data.result = {k: result[k] for k in ("score", "success_rate", "sr") if k in result}
+    robot = series.robot if series is not None else None
+    return robot.dual_arm if robot is not None else True
 
 
 def load_episode_data(episode: EpisodeInfo) -> EpisodeData:
-    """Read ``episode``'s inputs (either layout) into an :class:`EpisodeData`."""
+    """Read ``episode``'s inputs (either layout) into an :class:`EpisodeData`.
+
+    The series come from :func:`genmanip_results.series.load_series`, the one loader (and its one
+    bad-row policy: a bad row is a NaN gap or a skipped row, listed in ``problems``; the recording
+    is built anyway and shows them). An episode with no recording file at all gets its videos
+    only. Raises :class:`RecordingBuildError` when the recording file cannot be read or
+    ``meta_record.pkl`` is refused by the allow-list.
+    """
+    from genmanip_results.series import SeriesError, SeriesNotFoundError, load_series
+
     data = EpisodeData(
         episode_id=episode.episode_id,
         layout=episode.layout,
-        videos={str(k): Path(v) for k, v in sorted(episode.videos.items())},
+        videos=order_cameras({str(k): Path(v) for k, v in episode.videos.items()}),
     )
-    if episode.layout == "server":
-        _load_server(episode, data)
-    else:
-        _load_client(episode, data)
+    series: EpisodeSeries | None
+    try:
+        series = load_series(episode)
+    except SeriesNotFoundError:
+        series = None  # nothing recorded but (perhaps) the videos: a recording of those
+    except SeriesError as exc:
+        raise RecordingBuildError(f"{episode.path}: cannot load {exc}") from exc
+    result = episode.result or {}
+    data.result = {k: result[k] for k in _RESULT_KEYS[episode.layout] if k in result}
+    if episode.error:
+        data.problems.append(episode.error)
+    if series is None:
+        data.instruction = episode.instruction or ""
+        data.robot_id = episode.robot_id or ""
+        data.n_steps = episode.steps or 0
+        return data
+    data.instruction = series.instruction or ""
+    data.robot_id = series.robot_id or ""
+    data.n_steps = series.n_steps
+    for key, values in series.state.items():
+        if values.shape[1]:
+            data.state[key] = (series.state_t, values)
+    if series.n_steps and series.action.shape[1]:
+        data.action["arm"] = (series.action_t, series.action)
+    if series.base_motion is not None and _is_mobile(series):
+        data.action["base_motion"] = (series.action_t, series.base_motion)
+    if series.frame_timesteps:
+        steps, frames = series.frame_steps()
+        for cam in data.videos:
+            data.frames[cam] = (steps, frames)
+    data.problem_summary = series.summary()
+    data.problems.extend(series.warnings)
     return data
 
 
@@ -387,6 +280,13 @@ def _result_markdown(data: EpisodeData) -> str:
     lines.append(f"- steps: {data.n_steps}")
     for key, value in data.result.items():
         lines.append(f"- {key}: {_fmt(value)}")
+    if data.problems:
+        lines += ["", f"**recording problems** ({data.problem_summary or len(data.problems)})", ""]
+        shown = data.problems[:_MAX_PROBLEMS_SHOWN]
+        # (backticks of recorded values would end a code span early: shown as quotes)
+        lines += ["- `{}`".format(p.replace("`", "'")) for p in shown]
+        if len(data.problems) > len(shown):
+            lines.append(f"- ... {len(data.problems) - len(shown)} more")
     return "\n".join(lines)
 
 

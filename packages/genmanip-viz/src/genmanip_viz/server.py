@@ -37,6 +37,10 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
 from genmanip_results.discovery import EpisodeInfo
+from genmanip_results.layout import META_RECORD, RESULT_JSON
+from genmanip_results.live import live_frame_path, live_state_path, read_live_state
+from genmanip_results.paths import UnsafePathError, is_within, safe_relative
+from genmanip_runtime.netpolicy import is_loopback_host
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -50,9 +54,8 @@ from starlette.routing import Route
 
 from . import pages
 from .assets import VIEWER_FILES, ensure_viewer_assets
-from .errors import PortInUseError, RecordingBuildError, UnsafePathError
+from .errors import PortInUseError, RecordingBuildError
 from .index import ResultsIndex, RunView, compare_runs, live_workers
-from .paths import is_within, safe_component, safe_relative
 from .recording import SERVER_RRD_NAME, build_recording, recording_is_fresh, recording_path
 
 __all__ = ["RecordingPool", "VizServer", "bind_socket", "create_app", "is_loopback"]
@@ -76,19 +79,9 @@ _VIEWER_CSP = (
     "worker-src 'self' blob:; media-src 'self' blob:; font-src 'self' data:; object-src 'none'; "
     "base-uri 'none'; frame-ancestors 'self'"
 )
-_LOOPBACK_HOSTS = {"localhost", "127.0.0.1", "::1", "[::1]"}
-
-
-def is_loopback(host: str) -> bool:
-    """True for addresses only this machine can reach (``127.0.0.0/8``, ``::1``, ``localhost``)."""
-    if host in ("localhost", "::1"):
-        return True
-    import ipaddress
-
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+#: True for addresses only this machine can reach: gmp's one loopback rule
+#: (:func:`genmanip_runtime.netpolicy.is_loopback_host`), kept under this package's old name.
+is_loopback = is_loopback_host
 
 
 # --------------------------------------------------------------------------------------------------
@@ -260,7 +253,7 @@ class SecurityMiddleware:
         if scope.get("method") not in ("GET", "HEAD"):
             await self._plain(send, 405, "method not allowed", [(b"allow", b"GET, HEAD")])
             return
-        if self.loopback_only and _host_name(_header(scope, b"host")) not in _LOOPBACK_HOSTS:
+        if self.loopback_only and not is_loopback_host(_host_name(_header(scope, b"host"))):
             # DNS rebinding: a web page elsewhere must not read results through a name it controls.
             await self._plain(send, 421, "unexpected Host header; open the URL gmp viz printed")
             return
@@ -342,11 +335,11 @@ def _read_instruction(ep: EpisodeInfo) -> str:
         return str(ep.instruction)
     if ep.layout == "client":
         try:
-            data = json.loads((Path(ep.path) / "result.json").read_text(encoding="utf-8"))
+            data = json.loads((Path(ep.path) / RESULT_JSON).read_text(encoding="utf-8"))
             return str(data.get("instruction") or "") if isinstance(data, dict) else ""
         except (OSError, ValueError):
             return ""
-    meta = ep.meta_record or Path(ep.path) / "meta_record.pkl"
+    meta = ep.meta_record or Path(ep.path) / META_RECORD
     try:
         from genmanip_protocol.codec import safe_loads
 
@@ -370,7 +363,7 @@ def create_app(
     """The results browser for ``root`` (a project root, results root, benchmark or run directory).
 
     ``token``: when set, every request needs it (``?access_token=`` once, then a cookie, or a Bearer
-    header). ``loopback_only``: refuse Host headers other than localhost/127.0.0.1/[::1].
+    header). ``loopback_only``: refuse Host headers that are not loopback (localhost, 127.0.0.0/8, [::1]).
     ``workers``: recording build processes. ``cache_dir``: where the Rerun viewer files are cached.
     """
     root = Path(root).resolve()
@@ -560,39 +553,30 @@ def create_app(
             chosen = max(fresh, key=lambda w: w.updated)
         return _html(pages.live_page(view, workers, chosen))
 
-    def _live_file(request: Request, name: str) -> Path | None:
+    def _live_path(request: Request, camera: str | None) -> Path | None:
+        # The live-view contract (names from the wire checked, nothing followed out of the run
+        # or the served root) is genmanip_results.live's; None = 404.
         view = _view(request)
         if view is None:
             return None
-        try:
-            worker = safe_component(str(request.path_params["worker"]), field="worker")
-        except UnsafePathError:
-            return None
         run_dir = Path(view.info.path)
-        path = run_dir / ".live" / worker / name
-        if not path.is_file() or not is_within(path, run_dir) or not is_within(path, root):
-            return None
-        return path
+        worker = str(request.path_params["worker"])
+        if camera is None:
+            return live_state_path(run_dir, worker, within=root)
+        return live_frame_path(run_dir, worker, camera, within=root)
 
     async def live_state(request: Request) -> Response:
-        path = await run_in_threadpool(_live_file, request, "live.json")
+        path = await run_in_threadpool(_live_path, request, None)
         if path is None:
             return JSONResponse({"error": "no live state"}, status_code=404)
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        data = await run_in_threadpool(read_live_state, path)
+        if data is None:
             # Written atomically by the eval side, so this is a real problem, but a transient one.
-            return JSONResponse({"error": "unreadable live state"}, status_code=503)
-        if not isinstance(data, dict):
             return JSONResponse({"error": "unreadable live state"}, status_code=503)
         return JSONResponse(data, headers={"cache-control": "no-store"})
 
     async def live_frame(request: Request) -> Response:
-        try:
-            cam = safe_component(str(request.path_params["camera"]), field="camera")
-        except UnsafePathError:
-            return _not_found("camera")
-        path = await run_in_threadpool(_live_file, request, f"{cam}.jpg")
+        path = await run_in_threadpool(_live_path, request, str(request.path_params["camera"]))
         if path is None:
             return _not_found("camera")
         try:
@@ -688,7 +672,7 @@ class VizServer:
     ) -> None:
         self.host = host
         self.warm = warm
-        self.loopback = is_loopback(host)
+        self.loopback = is_loopback_host(host)
         self.https = (not self.loopback) if https is None else https
         self.token = token
         self.sock = bind_socket(host, port)

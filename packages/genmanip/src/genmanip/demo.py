@@ -6,11 +6,11 @@ per-task table with confidence intervals) in under a minute, offline.
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 from pathlib import Path
 
 from genmanip_protocol.errors import ExitCode, GenmanipError
+from genmanip_results.layout import DEMO_RESULTS_DIR
 from genmanip_runtime.console import Console
 
 __all__ = ["run_demo"]
@@ -22,23 +22,35 @@ class DemoNeedsTestbed(GenmanipError):
     exit_code = ExitCode.NOT_INSTALLED
 
 
-def run_demo(args: argparse.Namespace) -> int:
+def run_demo(
+    *,
+    workers: int,
+    processes: int,
+    tasks: str,
+    policy: str,
+    results_dir: str,
+    console: Console,
+) -> int:
     """Start the testbed in-process, evaluate ``--policy`` (default: expert), print the results."""
     try:
         from genmanip_eval.cli import evaluate
         from genmanip_eval.runner import EvalConfig
         from genmanip_testbed import serve_testbed
     except ModuleNotFoundError as exc:
+        # Name the distribution that is missing; anything else missing is one of their
+        # dependencies, which reinstalling both brings back.
+        missing = {"genmanip_eval": "genmanip-eval", "genmanip_testbed": "genmanip-testbed"}.get(
+            (exc.name or "").split(".")[0], "genmanip-eval genmanip-testbed"
+        )
         raise DemoNeedsTestbed(
             f"'gmp demo' needs genmanip-eval and genmanip-testbed ({exc.name} is missing)",
-            hint="pip install 'genmanip[testbed]'",
+            hint=f"pip install {missing}",
         ) from exc
-    console = Console.from_args(args)
-    root = Path(getattr(args, "results_dir", None) or "gmp-demo").expanduser().absolute()
-    workers = max(1, int(getattr(args, "workers", 4) or 4))
-    processes = max(1, min(workers, int(getattr(args, "processes", 2) or 1)))
-    tasks = getattr(args, "tasks", None) or "testbed/reach"
-    policy = getattr(args, "policy", None) or "expert"
+    root = Path(results_dir or DEMO_RESULTS_DIR).expanduser().absolute()
+    workers = max(1, int(workers or 4))
+    processes = max(1, min(workers, int(processes or 1)))
+    tasks = tasks or "testbed/reach"
+    policy = policy or "expert"
     with tempfile.TemporaryDirectory(prefix="gmp-demo-server-") as server_root:
         with serve_testbed(tasks=(tasks,), results_root=server_root, save_process=False) as tb:
             console.info(

@@ -2,27 +2,28 @@
 
 1. create a task on the online service (or reuse ``--task-id``) and wait for its endpoint
    (``genmanip_online``: backoff with jitter, hard ``--deadline``, Ctrl-C offers to stop);
-2. evaluate ``--policy`` against the endpoint exactly like ``gmp eval`` (``genmanip_eval``), with
-   the task id as run id and the online token;
+2. evaluate ``--policy`` against the endpoint exactly like ``gmp eval`` (``genmanip_eval``'s
+   :func:`~genmanip_eval.cli.eval_config` and :func:`~genmanip_eval.cli.evaluate`), with the task
+   id as run id and the online token;
 3. stop the task (unless ``--keep-task``), also when the evaluation failed or was interrupted.
 """
 
 from __future__ import annotations
 
-import argparse
-
-from genmanip_eval.cli import run_eval
+from genmanip_eval.cli import eval_config, eval_exit_code, evaluate
 from genmanip_online.cli import (
-    client_from_args,
+    client_from_flags,
     resolve_online_token,
     stop_command,
     submit_and_wait,
+    task_fields,
 )
 from genmanip_online.client import OnlineClient
 from genmanip_online.errors import GenmanipOnlineError
 from genmanip_online.urls import check_url
 from genmanip_protocol.errors import ExitCode, ValidationError, Violation
 from genmanip_runtime.console import Console
+from genmanip_runtime.transport import build_base_url
 
 __all__ = ["run"]
 
@@ -38,41 +39,113 @@ def _stop(client: OnlineClient, task_id: str, endpoint: str, console: Console) -
     return True
 
 
-def run(args: argparse.Namespace) -> int:
+def run(
+    *,
+    base_url: str | None,
+    token: str | None,
+    timeout: float,
+    ca_cert: str | None,
+    insecure_http: bool,
+    task_id: str | None,
+    model_name: str | None,
+    model_type: str | None,
+    benchmark_set: str | None,
+    submitter_name: str | None,
+    submitter_homepage: str | None,
+    is_public: bool,
+    interval: float,
+    deadline: float,
+    keep_task: bool,
+    run_id: str | None,
+    worker_ids: str,
+    processes: int,
+    max_episodes: int | None,
+    max_recoveries: int,
+    policy: str,
+    policy_arg: list[str],
+    chunk_size: int,
+    step_chunk: bool,
+    robot: str | None,
+    arm_type: str | None,
+    gripper_type: str | None,
+    control_type: str | None,
+    codec: str,
+    frames: str,
+    render_mode: str | None,
+    subframes: int | None,
+    results_dir: str | None,
+    record: bool,
+    live_every: int,
+    plot_on_episode_end: bool,
+    console: Console,
+) -> int:
     """Handler of ``gmp online run`` (see the module docstring); returns the evaluation's exit code."""
-    console = Console.from_args(args)
-    token = resolve_online_token(args)
-    requested_run_id = getattr(args, "run_id", None)
-    if requested_run_id and getattr(args, "task_id", None) and requested_run_id != args.task_id:
+    online_token = resolve_online_token(token)
+    requested_run_id = run_id
+    if requested_run_id and task_id and requested_run_id != task_id:
         raise ValidationError(
             Violation("--run-id", "the task id (online runs use it as run id)", repr(requested_run_id)),
             hint="drop --run-id, or pass the task with --task-id",
         )
-    if requested_run_id and not getattr(args, "task_id", None):
+    if requested_run_id and not task_id:
         raise ValidationError(
             Violation("--run-id", "unset (the online service assigns the run id: the task id)",
                       repr(requested_run_id)),
             hint="use --task-id to continue an existing task",
         )
-    keep = bool(getattr(args, "keep_task", False))
-    with client_from_args(args, token) as client:
+    keep = keep_task
+    fields = task_fields(
+        task_id=task_id, model_name=model_name, model_type=model_type,
+        benchmark_set=benchmark_set, submitter_name=submitter_name,
+        submitter_homepage=submitter_homepage, is_public=is_public,
+    )
+    with client_from_flags(
+        base_url=base_url, token=token, timeout=timeout, ca_cert=ca_cert,
+        insecure_http=insecure_http, resolved_token=online_token,
+    ) as client:
         try:
-            task_id, status = submit_and_wait(args, client, console)
+            task_id, status = submit_and_wait(
+                client, console, task_id=task_id, fields=fields, deadline=deadline,
+                interval=interval,
+            )
         except KeyboardInterrupt:
             return int(ExitCode.INTERRUPTED)
         endpoint = str(status.endpoint)
         # The token goes to the endpoint too: the same plain-HTTP rule applies to it.
-        check_url(endpoint, insecure_http=bool(getattr(args, "insecure_http", False)), field="data.endpoint")
+        check_url(endpoint, insecure_http=insecure_http, field="data.endpoint")
 
-        eval_args = argparse.Namespace(**vars(args))
-        eval_args.url = endpoint
-        eval_args.host = None
-        eval_args.port = None
-        eval_args.token = token
-        eval_args.run_id = task_id
-        console.info(f"evaluating {getattr(args, 'policy', 'zero')} on {endpoint} (run id {task_id})")
+        console.info(f"evaluating {policy} on {endpoint} (run id {task_id})")
         try:
-            rc = run_eval(eval_args)
+            # gmp eval's flags with the endpoint as --url, the online token and the task id as
+            # run id; the --ca-cert given for the service is trusted for its endpoint too.
+            cfg = eval_config(
+                console,
+                url=build_base_url(endpoint),
+                token=online_token,
+                ca_cert=ca_cert,
+                run_id=task_id,
+                worker_ids=worker_ids,
+                processes=processes,
+                max_episodes=max_episodes,
+                max_recoveries=max_recoveries,
+                policy=policy,
+                policy_arg=policy_arg,
+                chunk_size=chunk_size,
+                step_chunk=step_chunk,
+                robot=robot,
+                arm_type=arm_type,
+                gripper_type=gripper_type,
+                control_type=control_type,
+                codec=codec,
+                frames=frames,
+                render_mode=render_mode,
+                subframes=subframes,
+                results_dir=results_dir,
+                record=record,
+                live_every=live_every,
+                plot_on_episode_end=plot_on_episode_end,
+            )
+            rc = eval_exit_code(cfg, evaluate(cfg, console))
         except BaseException:
             if not keep:
                 _stop(client, task_id, endpoint, console)

@@ -20,7 +20,6 @@ goes to stderr. Exit 0 when clean, ``ExitCode.INVALID_INPUT`` (4) when anything 
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -41,6 +40,7 @@ from genmanip_protocol import (
 )
 from genmanip_protocol.codec import LegacyCodec, MsgpackCodec
 from genmanip_protocol.errors import ConfigError, DecodeError
+from genmanip_results.layout import STEPS_JSONL
 from genmanip_runtime.console import Console
 
 __all__ = ["KINDS", "Report", "run_validate", "validate_file", "validate_object"]
@@ -372,7 +372,7 @@ def validate_file(path: str | Path, *, robot: str | RobotSpec | None = None,
     p = Path(path)
     report = Report()
     spec = get_robot(robot) if robot is not None else None
-    checker = _Checker(spec, "steps" if kind == "auto" and p.name == "steps.jsonl" else kind, report)
+    checker = _Checker(spec, "steps" if kind == "auto" and p.name == STEPS_JSONL else kind, report)
     for loc, obj in _read_objects(p, report):
         checker.check(loc, obj, str(p))
     return report
@@ -387,11 +387,9 @@ def _plural(n: int, kind: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
-def run_validate(args: argparse.Namespace) -> int:
+def run_validate(*, files: list[str], robot: str | None, kind: str, console: Console) -> int:
     """``gmp validate [--robot ID] [--kind K] FILE...``: violations on stdout, summary on stderr."""
-    con = Console.from_args(args)
-    robot = getattr(args, "robot", None)
-    kind = getattr(args, "kind", "auto") or "auto"
+    kind = kind or "auto"
     if robot is not None:
         try:
             get_robot(robot)
@@ -400,7 +398,7 @@ def run_validate(args: argparse.Namespace) -> int:
     total = Report()
     bad_files = 0
     out = sys.stdout
-    for name in args.files:
+    for name in files:
         report = validate_file(name, robot=robot, kind=kind)
         total.records += report.records
         for k, n in report.kinds.items():
@@ -412,11 +410,11 @@ def run_validate(args: argparse.Namespace) -> int:
         total.violations.extend(report.violations)
     out.flush()
     what = ", ".join(_plural(n, k) for k, n in sorted(total.kinds.items())) or "no records"
-    nfiles = len(args.files)
-    files = f"{nfiles} file{'s' if nfiles != 1 else ''}"
+    nfiles = len(files)
+    files_text = f"{nfiles} file{'s' if nfiles != 1 else ''}"
     if total.violations:
         n = len(total.violations)
-        con.error(f"{n} violation{'s' if n != 1 else ''} in {bad_files} of {files} ({what})")
+        console.error(f"{n} violation{'s' if n != 1 else ''} in {bad_files} of {files_text} ({what})")
         return int(ExitCode.INVALID_INPUT)
-    con.success(f"{files} clean ({what})")
+    console.success(f"{files_text} clean ({what})")
     return int(ExitCode.OK)

@@ -13,6 +13,9 @@ from collections.abc import Sequence
 from typing import Any
 
 __all__ = [
+    "CONSOLE_ARG",
+    "GLOBAL_DESTS",
+    "ROUTING_KEYS",
     "HelpFormatter",
     "add_bool_flag",
     "add_command",
@@ -20,10 +23,23 @@ __all__ = [
     "add_flag",
     "add_global_flags",
     "add_group",
+    "handler_dests",
 ]
 
 #: Parser-like things that accept ``add_argument`` (parsers, argument groups, exclusive groups).
 _Container = Any
+
+#: Namespace keys the parser sets for :func:`genmanip.cli.main.main` (routing, messages, help);
+#: they are never handler arguments.
+ROUTING_KEYS: tuple[str, ...] = ("handler", "dist", "extra", "command", "help_parser", "command_parser")
+
+#: Dests of the global flags (:func:`add_global_flags`). Handlers do not receive them: main turns
+#: them into one typed value, the ``console`` keyword (:data:`CONSOLE_ARG`).
+GLOBAL_DESTS: tuple[str, ...] = ("verbose", "quiet")
+
+#: The keyword argument main adds to every handler call: a ``genmanip_runtime.console.Console``
+#: honouring ``-v``/``-q`` (and ``NO_COLOR``, through the console's own colour rule).
+CONSOLE_ARG = "console"
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -149,8 +165,29 @@ def add_command(
         extra=extra,
         command=command or f"gmp {name}",
         help_parser=parser if handler is None else None,
+        # The parser of the command that ran (a sub-action's replaces its group's): main reads the
+        # handler's keyword arguments off it (handler_dests).
+        command_parser=parser,
     )
     return parser
+
+
+def handler_dests(parser: argparse.ArgumentParser) -> tuple[str, ...]:
+    """The dests of the options and positionals ``parser`` itself declares: its handler's keywords.
+
+    Left out: ``--help``, the global flags (:data:`GLOBAL_DESTS`), a command group's choice of
+    action (the action has its own parser) and anything whose dest is SUPPRESS. The flags of a
+    parent command (``gmp viz --root`` for ``gmp viz build``) are not the sub-action's: they are
+    not in its parser. Two flags sharing a dest (``--record``/``--no-record``) give one keyword.
+    """
+    dests: dict[str, None] = {}
+    for action in parser._actions:
+        if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+            continue
+        if action.dest == argparse.SUPPRESS or action.dest in GLOBAL_DESTS:
+            continue
+        dests[action.dest] = None
+    return tuple(dests)
 
 
 def add_group(

@@ -1,6 +1,10 @@
 """``gmp`` entry point: parse, import the handler lazily, run it, map exceptions to exit codes.
 
-This module is the single place where exceptions become exit codes:
+This module is the single place that turns the parsed command line into a handler call: a handler
+takes keyword-only arguments named after its command's dests (:func:`handler_kwargs`) plus
+``console``, a :class:`genmanip_runtime.console.Console` built here from the global ``-v``/``-q``
+flags; no argparse ``Namespace`` reaches a handler. It is also the single place where exceptions
+become exit codes:
 
 * :class:`genmanip_protocol.errors.GenmanipError` -> ``gmp: error: <message>`` (+ ``hint: ...``)
   on stderr and the exception's ``exit_code``;
@@ -20,12 +24,19 @@ import logging
 import sys
 import traceback
 from collections.abc import Callable, Sequence
-from typing import TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from . import interrupted_code, stopped_by_signal
+from ._args import CONSOLE_ARG, handler_dests
 from .parser import build_parser
 
-__all__ = ["configure_logging", "console_main", "main", "resolve_handler"]
+if TYPE_CHECKING:
+    from genmanip_runtime.console import Console
+
+__all__ = ["configure_logging", "console_main", "handler_kwargs", "main", "resolve_handler"]
+
+#: A handler: keyword-only arguments (its command's dests and ``console``), an exit code back.
+Handler = Callable[..., int | None]
 
 # Mirrors genmanip_protocol.errors.ExitCode; kept as literals so that a broken or missing
 # genmanip-protocol still produces the right codes and messages here.
@@ -86,7 +97,7 @@ def _install_hint(command: str, dist: str, extra: str | None, module: str, missi
 
 def resolve_handler(
     spec: str, *, command: str = "gmp", dist: str = "genmanip", extra: str | None = None
-) -> Callable[[argparse.Namespace], int | None]:
+) -> Handler:
     """Import ``"package.module:function"`` and return the function.
 
     Raises :class:`HandlerNotInstalled` when the module (or a module it imports) is missing.
@@ -100,7 +111,7 @@ def resolve_handler(
         missing = exc.name or module_name
         raise HandlerNotInstalled(_install_hint(command, dist, extra, module_name, missing)) from exc
     try:
-        func: Callable[[argparse.Namespace], int | None] = getattr(module, func_name)
+        func: Handler = getattr(module, func_name)
     except AttributeError:
         # The package is installed but too old (or too new) for this gmp.
         raise HandlerNotInstalled(
@@ -108,6 +119,30 @@ def resolve_handler(
             f"{func_name!r}): pip install -U {dist}"
         ) from None
     return func
+
+
+def handler_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword arguments of the handler ``args`` routes to, without ``console``.
+
+    One per dest its command's parser declares (:func:`genmanip.cli._args.handler_dests`): not
+    the parser's routing keys, not the global flags, not a parent command's flags. A dest the
+    handler does not accept is a TypeError, i.e. a loud failure (and a test checks every command).
+    """
+    values = vars(args)
+    return {dest: values[dest] for dest in handler_dests(values["command_parser"])}
+
+
+def _console(command: str, verbose: int, quiet: bool) -> Console:
+    # Imported only now (after the handler): `gmp --help` stays stdlib-only. Every handler package
+    # depends on genmanip-runtime, so it is missing only from a broken install.
+    try:
+        from genmanip_runtime.console import Console
+    except ModuleNotFoundError as exc:
+        missing = exc.name or "genmanip_runtime"
+        raise HandlerNotInstalled(
+            _install_hint(command, "genmanip-runtime", None, "genmanip_runtime", missing)
+        ) from exc
+    return Console.from_flags(verbose=verbose, quiet=quiet)
 
 
 def _print_error(message: str, hint: str | None = None) -> None:
@@ -133,8 +168,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt as exc:
         return interrupted_code(exc)
 
-    verbose = int(getattr(args, "verbose", 0) or 0)
-    quiet = bool(getattr(args, "quiet", False))
+    # The top-level parser always sets both (default 0 / False); a subcommand's copies only
+    # override them when given (their default is SUPPRESS).
+    verbose = int(args.verbose or 0)
+    quiet = bool(args.quiet)
     configure_logging(verbose, quiet)
 
     if args.handler is None:
@@ -144,7 +181,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         handler = resolve_handler(args.handler, command=args.command, dist=args.dist, extra=args.extra)
-        result = handler(args)
+        kwargs = handler_kwargs(args)
+        kwargs[CONSOLE_ARG] = _console(args.command, verbose, quiet)
+        result = handler(**kwargs)
     except HandlerNotInstalled as exc:
         _print_error(exc.message)
         return _NOT_INSTALLED

@@ -32,7 +32,8 @@ def add_eval_flags(parser: argparse.ArgumentParser, *, connection: bool = True) 
 
     policy = parser.add_argument_group("policy")
     add_flag(policy, "--policy", metavar="SPEC", default="zero",
-             help="pkg.module:factory, or a built-in: zero, expert (default: %(default)s)")
+             help="pkg.module:factory, or a name from the genmanip.policies entry points: zero, expert "
+                  "(genmanip-testbed), your own (default: %(default)s)")
     add_flag(policy, "--policy-arg", aliases=["--policy_arg"], metavar="KEY=VALUE",
              action="append", default=[], help="argument for the policy factory (repeatable)")
     add_flag(policy, "--chunk-size", aliases=["--chunk_size"], metavar="N", type=int, default=1,
@@ -102,7 +103,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         subparsers, "status", handler="genmanip_eval.cli:status", dist=_DIST,
         help="show the server's job status and per-task results",
     )
-    add_flag(p, "--json", action="store_true", default=False,
+    # dest as_json: a handler keyword named json would shadow the json module.
+    add_flag(p, "--json", dest="as_json", action="store_true", default=False,
              help="print the raw status JSON on stdout")
     add_flag(p, "--watch", action="store_true", default=False,
              help="refresh until the job is done")

@@ -59,7 +59,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                     help="list local runs (both layouts), newest first, with episodes, success "
                          "rate and submission state")
     _root(p)
-    add_flag(p, "--json", action="store_true", default=False, help="JSON on stdout")
+    # dest as_json: a handler keyword named json would shadow the json module.
+    add_flag(p, "--json", dest="as_json", action="store_true", default=False, help="JSON on stdout")
 
     p = add_command(actions, "bundle", handler="genmanip_leaderboard.cli:bundle", dist=_DIST,
                     command="gmp leaderboard bundle",

@@ -1,0 +1,234 @@
+"""The live-view contract: what a running ``gmp eval`` publishes and ``gmp viz`` shows.
+
+One directory per worker of a run (client layout, ``docs/architecture.md``)::
+
+    <run_dir>/.live/<worker_id>/
+        <camera>.jpg    the worker's newest frame of that camera (the JPEG bytes as received)
+        live.json       the worker's state: {"worker_id", "step", "episode_id", "instruction",
+                        "task_name", "updated" (epoch s), "episodes", "successes", "sr",
+                        "sr_ci95", "cameras"} — "cameras" lists the .jpg files written with it
+
+The writer (:func:`write_live_view`, used by eval's recorder) replaces every file atomically
+(tmp + rename; no fsync: a live view is disposable), frames first and ``live.json`` last, so a
+reader never sees half a file. The readers (:func:`live_workers`, :func:`live_state_path`,
+:func:`live_frame_path`, :func:`read_live_state`, used by viz) never follow anything out of the
+run directory.
+
+Path safety: worker ids and camera names come from the wire (the server names workers, the
+observation names cameras) and end up both in file names here and in viz URLs, so both sides
+apply one rule, :func:`genmanip_results.paths.safe_component` (letters, digits, ``_ . @ + = -``,
+not starting with a dot or dash, at most 128 characters): a name eval would write is exactly a
+name viz will show, and a hostile one is refused on both sides. Every path is then joined with
+:func:`genmanip_results.paths.safe_join` / checked with :func:`genmanip_results.paths.is_within`
+(symlinks resolved).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .layout import LIVE_DIR, LIVE_FRAME_SUFFIX, LIVE_STATE
+from .paths import UnsafePathError, is_within, safe_component, safe_join
+
+__all__ = [
+    "LIVE_FRESH_S",
+    "LiveWorker",
+    "live_dir",
+    "live_frame_path",
+    "live_state_path",
+    "live_workers",
+    "read_live_state",
+    "write_live_view",
+]
+
+#: A worker whose newest live file is older than this (seconds) no longer counts as live.
+LIVE_FRESH_S = 60.0
+
+
+def live_dir(run_dir: str | os.PathLike[str], worker_id: str) -> Path:
+    """``<run_dir>/.live/<worker_id>`` for a worker id that passes
+    :func:`~genmanip_results.paths.safe_component` and a directory that does not resolve out of
+    ``run_dir`` (a symlink); :class:`~genmanip_results.paths.UnsafePathError` otherwise."""
+    safe_component(worker_id, field="worker_id")
+    return safe_join(run_dir, LIVE_DIR, worker_id, field="worker_id")
+
+
+def write_live_view(
+    run_dir: str | os.PathLike[str],
+    worker_id: str,
+    frames: Mapping[str, bytes | bytearray | memoryview],
+    state: Mapping[str, Any],
+    *,
+    within: str | os.PathLike[str] | None = None,
+) -> Path:
+    """Publish a worker's newest frames and state; return its live directory.
+
+    Args:
+        run_dir: the run directory (``<results_root>/<benchmark>/<run_id>``).
+        worker_id: the worker's id as the server sent it.
+        frames: camera name (``left_camera``) -> JPEG bytes. Cameras whose name fails the name
+            rule are left out (and so not listed in ``cameras``).
+        state: the ``live.json`` content; ``cameras`` (the frames written) is added.
+        within: a directory the live directory must also resolve inside (eval: the results root).
+
+    Raises:
+        UnsafePathError: ``worker_id`` fails the name rule or the directory resolves outside
+            ``run_dir`` / ``within``.
+        OSError: the files cannot be written.
+    """
+    from genmanip_runtime.atomic import atomic_write_bytes, atomic_write_json
+
+    d = live_dir(run_dir, worker_id)
+    d.mkdir(parents=True, exist_ok=True)
+    # Checked again after mkdir: the directory may have been a symlink created meanwhile.
+    if not is_within(d, run_dir) or (within is not None and not is_within(d, within)):
+        raise UnsafePathError(f"worker_id: {worker_id!r}: live directory resolves outside the run")
+    cams: list[str] = []
+    for cam, data in frames.items():
+        try:
+            safe_component(cam, field="camera")
+        except UnsafePathError:
+            continue  # a camera viz could not serve: not published
+        atomic_write_bytes(d / f"{cam}{LIVE_FRAME_SUFFIX}", bytes(data), fsync=False)
+        cams.append(cam)
+    atomic_write_json(d / LIVE_STATE, {**state, "cameras": cams}, fsync=False)
+    return d
+
+
+# ------------------------------------------------------------------------------------ reading
+
+
+@dataclass(frozen=True)
+class LiveWorker:
+    """One worker that published a live view under ``<run_dir>/.live/<worker_id>/``.
+
+    Attributes:
+        worker_id: the directory name (passed the name rule).
+        cameras: the cameras with a frame file, sorted.
+        state: ``live.json`` (empty when missing or unreadable).
+        updated: epoch seconds of the newest live file (0 when none).
+        fresh: ``updated`` is less than :data:`LIVE_FRESH_S` seconds old.
+    """
+
+    worker_id: str
+    cameras: tuple[str, ...]
+    state: dict[str, Any]
+    updated: float
+    fresh: bool
+    task_name: str | None = None
+    seed: str | None = None
+
+
+def _valid(name: str, field: str) -> bool:
+    try:
+        safe_component(name, field=field)
+    except UnsafePathError:
+        return False
+    return True
+
+
+def live_workers(
+    run_dir: str | os.PathLike[str], *, now: float | None = None, fresh_s: float = LIVE_FRESH_S
+) -> list[LiveWorker]:
+    """Every worker that published a live view in ``run_dir``, sorted by worker id.
+
+    Entries whose name fails the name rule (hidden files, hostile names) and directories that
+    resolve out of ``run_dir`` (symlinks) are not workers; frame files with such names are not
+    cameras. ``now`` (epoch s, default: the current time) decides ``fresh``.
+    """
+    now = time.time() if now is None else now
+    run = Path(run_dir)
+    out: list[LiveWorker] = []
+    try:
+        entries = sorted((run / LIVE_DIR).iterdir())
+    except OSError:
+        return out
+    for wdir in entries:
+        if not _valid(wdir.name, "worker_id") or not wdir.is_dir() or not is_within(wdir, run):
+            continue
+        state: dict[str, Any] = {}
+        updated = 0.0
+        info = wdir / LIVE_STATE
+        if is_within(info, run):
+            try:
+                raw = json.loads(info.read_text(encoding="utf-8"))
+                if isinstance(raw, dict):
+                    state = raw
+                updated = info.stat().st_mtime
+            except (OSError, ValueError):
+                pass
+        cams = []
+        for f in sorted(wdir.glob(f"*{LIVE_FRAME_SUFFIX}")):
+            if not _valid(f.stem, "camera"):
+                continue  # not a camera name we serve
+            cams.append(f.stem)
+            try:
+                updated = max(updated, f.stat().st_mtime)
+            except OSError:
+                pass
+        out.append(
+            LiveWorker(
+                worker_id=wdir.name,
+                cameras=tuple(cams),
+                state=state,
+                updated=updated,
+                fresh=(now - updated) < fresh_s,
+            )
+        )
+    return out
+
+
+def _live_file(
+    run_dir: str | os.PathLike[str],
+    worker_id: str,
+    name: str,
+    within: str | os.PathLike[str] | None,
+) -> Path | None:
+    try:
+        path = live_dir(run_dir, worker_id) / name
+    except UnsafePathError:
+        return None
+    if not is_within(path, run_dir) or (within is not None and not is_within(path, within)):
+        return None  # a symlinked file pointing out of the run (or the served root)
+    return path if path.is_file() else None
+
+
+def live_state_path(
+    run_dir: str | os.PathLike[str],
+    worker_id: str,
+    *,
+    within: str | os.PathLike[str] | None = None,
+) -> Path | None:
+    """The worker's ``live.json`` when it exists and stays inside ``run_dir`` (and ``within``);
+    None for a missing file, an unsafe worker id or a symlink out."""
+    return _live_file(run_dir, worker_id, LIVE_STATE, within)
+
+
+def live_frame_path(
+    run_dir: str | os.PathLike[str],
+    worker_id: str,
+    camera: str,
+    *,
+    within: str | os.PathLike[str] | None = None,
+) -> Path | None:
+    """The worker's newest frame of ``camera`` (JPEG) under the same rules as
+    :func:`live_state_path`; None also for a camera name that fails the name rule."""
+    if not _valid(camera, "camera"):
+        return None
+    return _live_file(run_dir, worker_id, f"{camera}{LIVE_FRAME_SUFFIX}", within)
+
+
+def read_live_state(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """``live.json`` at ``path`` as a dict, or None when it cannot be read or is not an object
+    (written atomically, so that is a real but usually transient problem)."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
