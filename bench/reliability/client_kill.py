@@ -64,7 +64,8 @@ def _fingerprints(run_dir: Path | None) -> dict[str, str]:
 
 
 def run(kills: int = 50, *, tasks: str = "testbed/all", seed: int = 1, min_delay: float = 1.0,
-        max_delay: float = 6.0, max_attempts_after: int = 10, decode_videos: bool = True) -> dict[str, Any]:
+        max_delay: float = 6.0, max_attempts_after: int = 10, decode_videos: bool = True,
+        faults: str | None = None) -> dict[str, Any]:
     from genmanip_testbed import serve_testbed
 
     rnd = random.Random(seed)
@@ -79,7 +80,7 @@ def run(kills: int = 50, *, tasks: str = "testbed/all", seed: int = 1, min_delay
     with tempfile.TemporaryDirectory(prefix="gmp-kill-") as tmp:
         results = Path(tmp) / "results"
         run_id = f"kill{seed}"
-        with serve_testbed(tasks=tasks, run_id=run_id, results_root=Path(tmp) / "srv") as tb:
+        with serve_testbed(tasks=tasks, run_id=run_id, results_root=Path(tmp) / "srv", faults=faults) as tb:
             argv = [*GMP, "eval", "--url", tb.url, "--policy", "expert", "--results-dir", str(results),
                     "--run-id", run_id, "--worker-ids", "0,1", "--processes", "2"]
             known: dict[str, str] = {}

@@ -35,13 +35,13 @@ def _free_port() -> int:
 
 
 def _start_server(port: int, root: Path, run_id: str, tasks: str, log: Path,
-                  lock_stale_s: float | None = None) -> subprocess.Popen[bytes]:
+                  lock_stale_s: float | None = None, faults: str | None = None) -> subprocess.Popen[bytes]:
     if lock_stale_s is None:
         cmd = [*GMP, "testbed", "serve", "--port", str(port), "--results-root", str(root), "--run-id", run_id,
-               "--tasks", tasks]
+               "--tasks", tasks, *(["--fault", faults] if faults else [])]
     else:
         cmd = [sys.executable, str(Path(__file__).resolve().parent / "_testbed_proc.py"), str(port), str(root),
-               run_id, tasks, str(lock_stale_s)]
+               run_id, tasks, str(lock_stale_s), faults or ""]
     proc = subprocess.Popen(
         cmd,
         stdout=log.open("ab"), stderr=subprocess.STDOUT, env=python_env(), start_new_session=True)
@@ -58,7 +58,8 @@ def _start_server(port: int, root: Path, run_id: str, tasks: str, log: Path,
 
 
 def run_one(seed: int, *, tasks: str = "testbed/reach/easy", down: float = 1.0, min_delay: float = 1.0,
-            max_delay: float = 6.0, max_attempts: int = 8, lock_stale_s: float | None = None) -> dict[str, Any]:
+            max_delay: float = 6.0, max_attempts: int = 8, lock_stale_s: float | None = None,
+            faults: str | None = None) -> dict[str, Any]:
     rnd = random.Random(seed)
     problems: list[str] = []
     with tempfile.TemporaryDirectory(prefix="gmp-restart-") as tmp:
@@ -67,7 +68,7 @@ def run_one(seed: int, *, tasks: str = "testbed/reach/easy", down: float = 1.0, 
         run_id = f"restart{seed}"
         results = tmpd / "results"
         log = tmpd / "server.log"
-        server = _start_server(port, tmpd / "srv", run_id, tasks, log, lock_stale_s)
+        server = _start_server(port, tmpd / "srv", run_id, tasks, log, lock_stale_s, faults)
         argv = [*GMP, "eval", "--url", f"http://127.0.0.1:{port}", "--policy", "expert",
                 "--results-dir", str(results), "--run-id", run_id, "--worker-ids", "0,1"]
         t0 = time.monotonic()
@@ -79,7 +80,7 @@ def run_one(seed: int, *, tasks: str = "testbed/reach/easy", down: float = 1.0, 
         server.wait()
         t_kill = time.monotonic()
         time.sleep(down)
-        server = _start_server(port, tmpd / "srv", run_id, tasks, log, lock_stale_s)
+        server = _start_server(port, tmpd / "srv", run_id, tasks, log, lock_stale_s, faults)
         try:
             _, err_b = client.communicate(timeout=600)
         except subprocess.TimeoutExpired:

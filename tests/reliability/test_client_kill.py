@@ -12,9 +12,13 @@ pytestmark = pytest.mark.slow
 
 
 def test_sigkill_at_random_moments_loses_nothing_and_resume_finishes_the_missing_seeds() -> None:
-    r = client_kill.run(4, tasks="testbed/reach/easy", seed=11, max_delay=5.0)
-    # A kill only lands while the job still runs: a short job can finish before the last one.
-    assert r["kills"] >= 3
+    # The job (82 expert steps over 2 workers) must outlast the kills on any machine: a fixed
+    # per-step latency sets its floor (~20 s of stepping) above the sum of the kill delays (each at
+    # most 5 s, of which ~1 s is start-up). Without it a quiet machine finished the whole job in 2 s,
+    # before the first kill (the test then failed on "kills", depending on the machine's speed).
+    r = client_kill.run(4, tasks="testbed/reach/easy", seed=11, max_delay=5.0,
+                        faults="latency=500ms,routes=step")
+    assert r["kills"] == 4, r["moments"]
     assert r["problems"] == [], r["problems"]
     assert r["rewritten_finished"] == []
     assert r["final_rc"] == 0

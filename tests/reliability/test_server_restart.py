@@ -16,7 +16,10 @@ pytestmark = pytest.mark.slow
 
 @pytest.mark.parametrize("seed", [2])
 def test_server_killed_and_restarted_mid_run(seed: int) -> None:
-    r = server_restart.run_one(seed, lock_stale_s=3.0, min_delay=2.0, max_delay=4.0)
+    # A per-step latency floor (~8 s of stepping) keeps the job running past the kill at 2-4 s on
+    # any machine (a quiet one finished it in 2 s, so the kill came after the end).
+    r = server_restart.run_one(seed, lock_stale_s=3.0, min_delay=2.0, max_delay=4.0,
+                               faults="latency=200ms,routes=step")
     assert r["killed_mid_run"]
     assert r["problems"] == [], r["problems"]
     if r["first_rc"] != 0:

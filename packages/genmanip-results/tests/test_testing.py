@@ -10,6 +10,7 @@ from genmanip_results.series import load_series
 from genmanip_results.testing import (
     MARKER_SIZE,
     frame_marker,
+    marker_size,
     make_client_run,
     make_server_run,
     robot_cameras,
@@ -24,8 +25,20 @@ from genmanip_results.video import probe_video
 def test_frames_carry_their_index() -> None:
     f = synthetic_frame(3, 64, 48, seed=1)
     assert f.shape == (48, 64, 3) and f.dtype.name == "uint8"
-    assert (f[:MARKER_SIZE, :MARKER_SIZE] == frame_marker(3)).all()
+    m = marker_size(64, 48)
+    assert m == 12 and (f[:m, :m] == frame_marker(3)).all()
     assert frame_marker(3) != frame_marker(4)
+    big = synthetic_frame(3, 320, 240)
+    assert marker_size(320, 240) == MARKER_SIZE and (big[:MARKER_SIZE, :MARKER_SIZE] == frame_marker(3)).all()
+
+
+def test_small_frames_show_their_yellow_square_in_every_frame() -> None:
+    # Viewer tests find a decoded frame on screen by its yellow square: the index block must
+    # never cover it.
+    for i in range(60):
+        f = synthetic_frame(i, 64, 48)
+        yellow = (f[..., 0] > 200) & (f[..., 1] > 200) & (f[..., 2] < 120)
+        assert yellow.sum() >= 32, i
 
 
 def test_robot_cameras_are_even_and_scaled() -> None:

@@ -7,6 +7,9 @@ Tree (every class carries an ``exit_code``)::
         VideoError                   1  writing, transcoding or reading a video failed
           FfmpegNotFoundError        3  no ffmpeg binary (install the ``video`` extra)
           FfmpegError                1  ffmpeg exited with an error (``stderr`` tail)
+        SeriesError                  4  an episode's recording cannot be read as a whole (series)
+          SeriesNotFoundError        4  the episode has no recording file
+        UnsafePathError              9  a name from the wire would leave its root (paths)
 """
 
 from __future__ import annotations

@@ -63,6 +63,7 @@ __all__ = [
     "MARKER_SIZE",
     "Cameras",
     "frame_marker",
+    "marker_size",
     "make_client_run",
     "make_server_run",
     "robot_cameras",
@@ -75,7 +76,8 @@ __all__ = [
     "write_server_run",
 ]
 
-#: Side (pixels) of the frame-index block at the top-left corner of every synthetic frame.
+#: Side (pixels) of the frame-index block at the top-left corner of a synthetic frame, at most:
+#: :func:`marker_size` shrinks it on small frames so that it never hides the moving square.
 MARKER_SIZE = 48
 #: Camera names (each video ``size``), or camera name -> its own ``(width, height)`` in pixels.
 Cameras = Sequence[str] | Mapping[str, tuple[int, int]]
@@ -83,6 +85,13 @@ Cameras = Sequence[str] | Mapping[str, tuple[int, int]]
 _DEFAULT_CAMERAS = ("left_camera", "top_camera")
 #: Stand-in for an unknown robot's trajectory shape (curves only; its dims are written below).
 _FALLBACK_ROBOT = "manip/franka/panda_hand"
+
+
+def marker_size(width: int, height: int) -> int:
+    """Side (pixels) of the frame-index block of a ``width`` x ``height`` frame: :data:`MARKER_SIZE`,
+    or a quarter of the shorter side when that is smaller (a 64x48 test video keeps a 12 px block
+    and shows its yellow square, which a viewer test looks for)."""
+    return max(1, min(MARKER_SIZE, width // 4, height // 4))
 
 
 def frame_marker(i: int) -> int:
@@ -108,7 +117,8 @@ def synthetic_frame(i: int, width: int, height: int, seed: int = 0) -> np.ndarra
     cy = int((height - s) * (0.5 + 0.4 * np.sin(i / 9.0)))
     cx = int((width - s) * (0.5 + 0.4 * np.cos(i / 7.0)))
     img[cy : cy + s, cx : cx + s] = (250, 250, 40)
-    img[:MARKER_SIZE, :MARKER_SIZE] = frame_marker(i)
+    m = marker_size(width, height)
+    img[:m, :m] = frame_marker(i)
     return img
 
 
