@@ -10,9 +10,9 @@ from genmanip_results.series import load_series
 from genmanip_results.testing import (
     MARKER_SIZE,
     frame_marker,
-    marker_size,
     make_client_run,
     make_server_run,
+    marker_size,
     robot_cameras,
     synthetic_frame,
     write_client_episode,

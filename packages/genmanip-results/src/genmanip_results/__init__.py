@@ -84,6 +84,7 @@ __all__ = [
     "VideoError",
     "VideoInfo",
     "VideoWriter",
+    "__version__",
     "ffmpeg_executable",
     "find_episode_dirs",
     "find_runs",
@@ -102,7 +103,6 @@ __all__ = [
     "transcode_jpegs",
     "video_info",
     "wilson_interval",
-    "__version__",
 ]
 
 
