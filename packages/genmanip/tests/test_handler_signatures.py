@@ -2,8 +2,8 @@
 
 :func:`genmanip.cli.main.main` calls ``handler(**{dest: value for each dest}, console=...)``; a
 dest the handler does not accept would only fail when that command runs, so this checks every
-command of the real parser against its handler's signature (handlers of packages that are not
-installed are skipped).
+command of the real parser against its handler's signature. Every handler package is installed
+with this package's ``test`` extra (genmanip-viz only on Python >= 3.11, where it exists).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import argparse
 import importlib
 import importlib.util
 import inspect
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -51,8 +52,8 @@ def test_handler_accepts_exactly_the_commands_dests(
     command: str, parser: argparse.ArgumentParser
 ) -> None:
     module_name, _, func_name = str(parser.get_default("handler")).partition(":")
-    if importlib.util.find_spec(module_name.split(".")[0]) is None:
-        pytest.skip(f"{parser.get_default('dist')} is not installed")
+    if parser.get_default("dist") == "genmanip-viz" and sys.version_info < (3, 11):
+        pytest.skip("genmanip-viz needs Python >= 3.11")
     handler = getattr(importlib.import_module(module_name), func_name)
 
     dests = handler_dests(parser)
