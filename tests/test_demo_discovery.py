@@ -118,15 +118,17 @@ def test_plot_and_clean_find_the_demo_run(demo: tuple[Path, Path]) -> None:
     assert res.returncode == 0, res.stderr
     assert (episode / "state_plot.png").is_file() and (episode / "action_plot.png").is_file()
 
-    # A stale temporary inside a results tree is the recording's, never clean's; one outside is.
+    # Only gmp's own stale temporaries (its atomic writes' names) inside the results tree are
+    # clean's; a user's *.tmp, inside or outside, never is.
     inside, outside = run_dir / "stale.tmp", cwd / "stale.tmp"
+    ours = run_dir / ".run.json.0123456789ab.tmp"
     old = time.time() - 3 * 3600
-    for p in (inside, outside):
+    for p in (inside, outside, ours):
         p.write_text("")
         os.utime(p, (old, old))
     res = gmp(cwd, "clean", "--dry-run", "--plots", "--cache-dir", str(cwd / "no-cache"))
     assert res.returncode == 0, res.stderr
     listed = res.stdout
     assert str((episode / "state_plot.png").relative_to(cwd)) in listed
-    assert "stale.tmp" in listed and str(inside.relative_to(cwd)) not in listed
-    assert inside.exists() and outside.exists()  # a dry run deletes nothing
+    assert str(ours.relative_to(cwd)) in listed and "stale.tmp" not in listed
+    assert inside.exists() and outside.exists() and ours.exists()  # a dry run deletes nothing

@@ -179,5 +179,8 @@ def unrecorded_with_reason(episode_dir: Path) -> bool:
     except (OSError, ValueError):
         return False
     reason = str(info.get("reason") or "")
-    return "server_result" in info or "reply carrying its result was lost" in reason
+    # (or the server lost the worker -- it restarted -- while the request that ended the episode
+    # was unanswered: the dead server scored it, the client cannot know)
+    return ("server_result" in info or "reply carrying its result was lost" in reason
+            or "server lost the worker" in reason)
 

@@ -12,7 +12,10 @@ malicious-pickle corpus is a failure.
 Payload families: mutations of valid frames (bit flips, interesting integers written over length
 fields, truncation, insertion, deletion, duplication, splicing), hand-built hostile payloads (huge
 declared shapes/lengths, wrong dtypes, deep nesting, shared-reference bombs, decompression bombs,
-the ``tensor`` shape string that the reference client passes to ``eval``), random bytes, and a
+the ``tensor`` shape string that the reference client passes to ``eval``; 10k-200k-deep tuples as
+dict keys and set members, millions of empty containers and memo slots, memo bombs, empty arrays
+with huge dimensions, EPS/PDF/TIFF/GIF/... in ``image`` values and JPEG frames, with a fake
+Ghostscript on PATH that leaves a sentinel if it is ever run), random bytes, and a
 corpus of malicious pickles (``os.system``, ``posix.system``, ``subprocess``, ``builtins.eval``/
 ``exec``/``open``/``getattr``/``__import__``, ``__reduce__`` chains, INST/OBJ/NEWOBJ/EXT opcodes,
 object arrays, BUILD on allowed globals), each of which would create a sentinel file if executed.
@@ -48,6 +51,9 @@ from _rel import md_table, peak_rss_mb, run_child_json
 
 DEFAULT_N = 100_000
 RSS_BOUND_MB = 256.0
+#: One decode's own peak RSS growth (the hostile payloads are up to 6 MB; before the limits, 4 MB of
+#: pickle opcodes grew the process by 0.9-2 GB).
+DECODE_RSS_BOUND_MB = 64.0
 HANG_S = 5.0
 
 # --------------------------------------------------------------------------------------- seeds
@@ -290,6 +296,145 @@ def hostile_payloads(jpeg: bytes) -> list[tuple[str, bytes]]:
     out.append(("msgpack header length past end", frame(b"\xc0", [])[:12] + struct.pack("<I", 2**28) + b"\xc0"))
     out.append(("msgpack wrong version", b"GMPK\x07" + bytes(11)))
     out.append(("msgpack trailing data", frame(b"\xc0\xc0", [])))
+    out += hostile_limits(frame, ext)
+    out += hostile_images(jpeg, frame, ext)
+    return out
+
+
+# Payloads of the "Hostile input, for real" classes: C recursion on deep hashables (SIGSEGV before),
+# millions of tiny containers and memo bombs (1.4-2 GB before), empty arrays with huge dimensions
+# (hang/MemoryError/ValueError before), foreign image formats (Ghostscript ran before).
+
+
+def _binget(i: int) -> bytes:
+    return b"j" + struct.pack("<I", i)
+
+
+def _binput(i: int) -> bytes:
+    return b"r" + struct.pack("<I", i)
+
+
+def _numpy_pickle(shape: list[int], protocol: int) -> bytes:
+    import numpy as np
+
+    data = pickle.dumps(np.zeros((0, 7, 9), dtype=np.float32), protocol=protocol)
+    if data[2:3] == b"\x95":  # drop the FRAME: its length would no longer match
+        data = data[:2] + data[11:]
+    enc = b"".join(b"K" + bytes([d]) if d < 256 else b"\x8a\x08" + struct.pack("<q", d) for d in shape)
+    return data.replace(b"K\x00K\x07K\x09\x87", enc + {1: b"\x85", 2: b"\x86", 3: b"\x87"}[len(shape)])
+
+
+def _memo_bomb(kind: str, size: int, copies: int) -> bytes:
+    big, call, args = {
+        "bytearray": (b"\x8e" + struct.pack("<Q", size) + bytes(size),
+                      b"\x8c\x08builtins\x8c\x09bytearray\x93", b"\x85"),
+        "bytes": (b"\x96" + struct.pack("<Q", size) + bytes(size),
+                  b"\x8c\x08builtins\x8c\x05bytes\x93", b"\x85"),
+        "codecs": (b"\x8d" + struct.pack("<Q", size) + b"a" * size,
+                   b"\x8c\x07_codecs\x8c\x06encode\x93", b"\x8c\x06latin1\x86"),
+        "set": (b"](" + b"".join(b"J" + struct.pack("<i", i) for i in range(size)) + b"e",
+                b"\x8c\x08builtins\x8c\x03set\x93", b"\x85"),
+    }[kind]
+    body = [b"\x80\x04", big, _binput(0), b"0", call, _binput(1), b"0("]
+    body += [_binget(1) + _binget(0) + args + b"R"] * copies
+    return b"".join(body) + b"l."
+
+
+def hostile_limits(frame: Any, ext: Any) -> list[tuple[str, bytes]]:
+    """Depth, count, copy and shape bombs for both wires (label, body)."""
+    out: list[tuple[str, bytes]] = []
+    p4 = b"\x80\x04"
+    for n in (10_000, 100_000, 200_000):
+        out.append((f"pickle {n}-deep tuple as dict key", p4 + b"}N" + b"\x85" * n + b"Ns."))
+        out.append((f"pickle {n}-deep tuple as set member", p4 + b"\x8f(N" + b"\x85" * n + b"\x90."))
+        out.append((f"pickle {n}-deep tuple in a frozenset", p4 + b"(N" + b"\x85" * n + b"\x91."))
+        out.append((f"pickle {n}-deep tuple over a list as key", p4 + b"}]" + b"\x85" * n + b"Ns."))
+        out.append((f"pickle {n} MARKs + TUPLEs", p4 + b"(" * n + b"t" * n + b"."))
+    chain = [p4, b"\x8c\x08builtins\x8c\x09frozenset\x93", _binput(0), b"N", _binput(1), b"0"]
+    for i in range(1, 20_001):
+        chain += [_binget(0), b"]", _binget(i), b"a\x85R", _binput(i + 1), b"0"]
+    out.append(("pickle 20k-deep frozenset(frozenset(...)) as key",
+                b"".join([*chain, b"}", _binget(20_001), b"Ns."])))
+    lists = [p4, b"]", _binput(0)]
+    for i in range(100_000):
+        lists += [_binget(i), b"]", _binput(i + 1), b"a0"]
+    out.append(("pickle 100k-deep list chain through the memo", b"".join([*lists, _binget(0), b"."])))
+    for op, what in ((b"]", "EMPTY_LIST"), (b"}", "EMPTY_DICT"), (b"\x8f", "EMPTY_SET"), (b"(", "MARK"),
+                     (b"N\x85", "TUPLE1"), (b"(\x91", "MARK+FROZENSET"), (b"(l", "MARK+LIST"),
+                     (b"N\x94", "MEMOIZE")):  # fmt: skip
+        n = 4_000_000 // len(op)
+        out.append((f"pickle {n} x {what}", p4 + op * n + b"N."))
+    out.append(("pickle 4M empty lists in one LIST", p4 + b"(" + b"]" * 4_000_000 + b"l."))
+    out.append(("pickle 4M DUPs appended", p4 + b"](N" + b"2" * 4_000_000 + b"e."))
+    for kind, size in (("bytearray", 1 << 20), ("bytes", 1 << 20), ("codecs", 1 << 20), ("set", 100_000)):
+        out.append((f"pickle memo bomb: 2000 x {kind}(<memo 0> of {size})", _memo_bomb(kind, size, 2000)))
+    # msgpack floods: a header of n empty arrays/maps, deep nesting, tiny strings
+    for item, what in ((b"\x90", "fixarray 0x90"), (b"\x80", "fixmap 0x80"), (b"\xa2ab", "fixstr 'ab'")):
+        n = 4_000_000 // len(item)
+        out.append((f"msgpack {n} x {what}", frame(b"\xdd" + struct.pack(">I", n) + item * n, [])))
+    out.append(("msgpack 600k empty arrays (under the value cap)",
+                frame(b"\xdd" + struct.pack(">I", 600_000) + b"\x90" * 600_000, [])))
+    out.append(("msgpack map32 of 1M empty arrays", frame(
+        b"\xdf" + struct.pack(">I", 1_000_000)
+        + b"".join(b"\xce" + struct.pack(">I", i) + b"\x90" for i in range(1_000_000)), [])))
+    out.append(("msgpack 200k-deep arrays", frame(b"\x91" * 200_000 + b"\xc0", [])))
+    # arrays without data but with huge dimensions
+    b64 = ""
+    for shape in ([0, 2**40], [2**31, 0, 2**31], [2**20, 0], [0, 2**62, 2**62], [2**17, 0, 5]):
+        out.append((f"tagged empty array {shape}", _p(_tagged("float32", shape, b64))))
+        tshape = "torch.Size([" + ", ".join(map(str, shape)) + "])"
+        out.append((f"tensor empty {tshape}", _p(_tagged("torch.float32", tshape, b64, "tensor"))))
+        hdr = ext(1, ["<f4", shape, 0])
+        out.append((f"msgpack empty array {shape}", frame(hdr, [(32 + len(hdr), 0)])))
+        for proto in (2, 5):
+            out.append((f"numpy pickle p{proto} empty {shape}", _numpy_pickle(shape, proto)))
+    for shape in ([65536, 1, 3], [2**31, 2**31, 3]):
+        out.append((f"tagged jpeg shape {shape}", _p(_tagged("uint8", shape, b"\xff\xd8\xff\xe0", "jpeg_bytes"))))
+    return out
+
+
+_EPS = b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 8 8\nnewpath 0 0 moveto 8 8 lineto stroke showpage\n"
+
+
+def foreign_images() -> list[tuple[str, bytes]]:
+    """Images in formats no decoder may hand to a library (Pillow's EPS plugin runs Ghostscript)."""
+    import io
+
+    out = [
+        ("EPS", _EPS),
+        ("PostScript", b"%!PS-Adobe-3.0\nshowpage\n"),
+        ("DOS EPS", b"\xc5\xd0\xd3\xc6" + struct.pack("<IIIIII", 30, len(_EPS), 0, 0, 0, 0) + b"\xff\xff" + _EPS),
+        ("PDF", b"%PDF-1.4\n1 0 obj << /Type /Catalog >> endobj\n%%EOF\n"),
+        ("SVG", b'<svg xmlns="http://www.w3.org/2000/svg" width="8" height="8"/>'),
+        ("PSD", b"8BPS\x00\x01" + bytes(6) + struct.pack(">HIIHH", 3, 8, 8, 8, 3) + bytes(64)),
+        ("PNG with EPS inside", b"\x89PNG\r\n\x1a\n" + _EPS),
+        ("JPEG magic then EPS", b"\xff\xd8\xff" + _EPS),
+    ]
+    try:
+        import numpy as np
+        import PIL.Image
+
+        img = PIL.Image.fromarray(np.full((8, 8, 3), 200, dtype=np.uint8))
+        for fmt in ("TIFF", "GIF", "BMP", "ICO", "WEBP", "PCX", "TGA"):
+            buf = io.BytesIO()
+            try:
+                img.save(buf, format=fmt)
+            except Exception:  # a Pillow build without that encoder: skip that format
+                continue
+            out.append((fmt, buf.getvalue()))
+    except ImportError:
+        pass
+    return out
+
+
+def hostile_images(jpeg: bytes, frame: Any, ext: Any) -> list[tuple[str, bytes]]:
+    """Each foreign format as an ``image`` value, a ``jpeg_bytes`` frame and a msgpack JPEG ext."""
+    out: list[tuple[str, bytes]] = []
+    for name, data in foreign_images():
+        out.append((f"image tag {name}", _p({"type": "image", "data": base64.b64encode(data).decode()})))
+        out.append((f"jpeg_bytes tag {name}", _p({"video.x_view": _tagged("uint8", [8, 8, 3], data, "jpeg_bytes")})))
+        out.append((f"msgpack jpeg {name}", frame(ext(2, [[8, 8, 3], data]), [])))
+        out.append((f"raw {name}", data))  # straight into decode_jpeg (every payload is)
     return out
 
 
@@ -381,6 +526,29 @@ class _Hang(BaseException):
     pass
 
 
+def _vm(field: str) -> float | None:
+    """VmRSS/VmHWM of this process in MiB (Linux), or None."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        return None
+    return None
+
+
+def _reset_peak() -> bool:
+    """Reset this process's peak RSS (VmHWM) to its current RSS, so one decode's own peak can be
+    read afterwards; False where the kernel does not allow it."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def _consume(value: Any, depth: int = 0) -> None:
     """Touch everything a decoded value holds (lazy JPEG decodes included)."""
     import numpy as np
@@ -410,6 +578,16 @@ def child(n: int, seed: int, hang_s: float, sentinel_dir: Path, findings_path: P
     from genmanip_protocol.codec import LegacyCodec, MsgpackCodec, decode_jpeg, safe_loads
     from genmanip_protocol.errors import DecodeError, UnsafePayloadError
 
+    # A fake Ghostscript first on PATH: if any decoder hands data to it (Pillow's EPS plugin runs
+    # `gs --version`, then gs on the data), it leaves a sentinel file.
+    fake_bin = sentinel_dir.parent / "fakebin"
+    fake_bin.mkdir(exist_ok=True)
+    for exe in ("gs", "gswin32c", "gswin64c"):
+        script = fake_bin / exe
+        script.write_text(f"#!/bin/sh\ntouch {sentinel_dir / 'ghostscript_ran'}\nexit 0\n")
+        script.chmod(0o755)
+    os.environ["PATH"] = f"{fake_bin}{os.pathsep}{os.environ.get('PATH', '')}"
+
     _soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     limit = 4 << 30
     if hard == resource.RLIM_INFINITY or hard > limit:
@@ -435,6 +613,11 @@ def child(n: int, seed: int, hang_s: float, sentinel_dir: Path, findings_path: P
     for s in seeds["jpeg"]:
         decode_jpeg(s)
     baseline = peak_rss_mb()
+    per_payload = _reset_peak()
+    if per_payload:  # measure from the RSS now, not from the peak the payload construction left
+        baseline = _vm("VmRSS") or baseline
+    worst_rss = (0.0, "")
+    highest = baseline
 
     def on_alarm(signum: int, frame: Any) -> None:
         raise _Hang()
@@ -450,9 +633,10 @@ def child(n: int, seed: int, hang_s: float, sentinel_dir: Path, findings_path: P
     t_start = time.monotonic()
 
     def run_one(label: str, payload: bytes, names: tuple[str, ...]) -> None:
-        nonlocal slowest
+        nonlocal slowest, worst_rss, highest
         for name in names:
             fn = decoders[name]
+            before = _vm("VmRSS") if per_payload and _reset_peak() else None
             t0 = time.perf_counter()
             signal.setitimer(signal.ITIMER_REAL, hang_s)
             try:
@@ -479,6 +663,11 @@ def child(n: int, seed: int, hang_s: float, sentinel_dir: Path, findings_path: P
             dt = time.perf_counter() - t0
             if dt > slowest[0]:
                 slowest = (dt, f"{label} / {name}")
+            peak = _vm("VmHWM") if before is not None else None
+            if peak is not None and before is not None:
+                highest = max(highest, peak)
+                if peak - before > worst_rss[0]:
+                    worst_rss = (peak - before, f"{label} / {name}")
             outcomes[f"{name}: {outcome}"] += 1
 
     count = 0
@@ -541,8 +730,11 @@ def child(n: int, seed: int, hang_s: float, sentinel_dir: Path, findings_path: P
         "malicious_refused_unsafe": unsafe_refused,
         "sentinels_created": sentinels,
         "baseline_rss_mb": round(baseline, 1),
-        "peak_rss_mb": round(peak_rss_mb(), 1),
-        "rss_growth_mb": round(peak_rss_mb() - baseline, 1),
+        "peak_rss_mb": round(highest if per_payload else peak_rss_mb(), 1),
+        "rss_growth_mb": round((highest if per_payload else peak_rss_mb()) - baseline, 1),
+        # one decode's own peak over the RSS it started from (VmHWM reset before each decode)
+        "max_decode_rss_growth_mb": round(worst_rss[0], 1) if per_payload else None,
+        "max_decode_rss_growth": worst_rss[1],
         "slowest_s": round(slowest[0], 3),
         "slowest": slowest[1],
         "seconds": round(elapsed, 1),
@@ -576,7 +768,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     res = run(a.n, a.seed)
     ok = (not res["failures"] and not res["sentinels_seen_by_parent"]
-          and res["rss_growth_mb"] <= a.rss_bound_mb)
+          and res["rss_growth_mb"] <= a.rss_bound_mb
+          and (res["max_decode_rss_growth_mb"] or 0) <= DECODE_RSS_BOUND_MB)
     print(f"### Codec fuzzing: {res['payloads']} payloads, {res['decoder_calls']} decoder calls, "
           f"seed {a.seed}, {res['seconds']} s\n")
     print(md_table(["payload family", "count"], [[k, v] for k, v in sorted(res["families"].items())]))
@@ -588,6 +781,8 @@ def main(argv: list[str] | None = None) -> int:
         ["malicious pickles refused as UnsafePayloadError", f"{res['malicious_refused_unsafe']} / {res['malicious']}"],
         ["sentinel files created", len(res["sentinels_seen_by_parent"])],
         ["peak RSS growth over warm baseline (MiB)", f"{res['rss_growth_mb']} (bound {a.rss_bound_mb})"],
+        ["largest peak RSS growth of one decode (MiB)",
+         f"{res['max_decode_rss_growth_mb']} ({res['max_decode_rss_growth']}; bound {DECODE_RSS_BOUND_MB})"],
         ["baseline / peak RSS (MiB)", f"{res['baseline_rss_mb']} / {res['peak_rss_mb']}"],
         ["slowest single decode (s)", f"{res['slowest_s']} ({res['slowest']})"],
         ["verdict", "PASS" if ok else "FAIL"],

@@ -185,3 +185,150 @@ def test_resent_finished_episode_id_keeps_results_consistent(tmp_path: Path, cap
     assert set(merged) == complete, (merged, complete)
     for seed in complete:
         assert not (task / seed / "INCOMPLETE").exists()
+
+
+# =============================================================================================
+# Names from the wire became paths (issue "Hostile input, for real", class 1).
+# A camera key (``video.<name>_view``) is a file name of the recording (``.frames/<cam>.jpegs``,
+# ``<cam>.mp4``): before the fix a hostile server made ``gmp eval`` write them outside the
+# results root and overwrite a user's file there, exit 0. Every case below runs the real wire
+# (testbed behind the rewriting proxy) and asserts: a typed error naming the field with a named
+# exit code, nothing new or changed outside the results root (a sentinel directory and a user file
+# right next to the root are hashed before and after), no user file inside it modified.
+# =============================================================================================
+
+import hashlib  # noqa: E402 - this block is kept apart from the one above
+import http.client  # noqa: E402
+
+from genmanip_protocol.errors import ExitCode  # noqa: E402
+
+# <box>/results/testbed/<run>/testbed/smoke/red_block_easy/<seed>: seven levels below the box
+_UP_TO_BOX = "../" * 7
+
+#: (label, hostile camera key or "{rename}" spec) -- the proxy renames one camera key of every
+#: observation to it
+HOSTILE_CAMERA_KEYS: list[tuple[str, str]] = [
+    ("dotdot onto a user file", f"video.{_UP_TO_BOX}x_view"),  # <ep>/<cam>.mp4 == <box>/x.mp4
+    ("absolute into the sentinel", "video./{sentinel}/victim_view"),
+    ("slash", "video.a/b_view"),
+    ("empty", "video._view"),
+    ("NUL", "video.a\x00b_view"),
+    ("newline", "video.a\nb_view"),
+    ("300 bytes", "video." + "c" * 300 + "_view"),
+    ("fullwidth look-alike", "video.\uff0e\uff0e\uff0fx_view"),
+    ("collides with another camera", "video.left_camera"),  # and video.left_camera_view
+]
+
+
+def _hash_tree(top: Path, skip: Path) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for dirpath, dirnames, filenames in os.walk(top):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            if p == skip or skip in p.parents:
+                continue
+            out[str(p.relative_to(top))] = (
+                f"link:{os.readlink(p)}" if p.is_symlink()
+                else hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+            )
+    return out
+
+
+def _box(tmp_path: Path) -> tuple[Path, Path, Path]:
+    box = tmp_path / "box"
+    sentinel = box / "sentinel"
+    sentinel.mkdir(parents=True)
+    for name in ("victim.mp4", "victim.jpegs", "x.mp4"):
+        (sentinel / name).write_bytes(b"user data " + name.encode())
+    (box / "x.mp4").write_bytes(b"the user's video right next to the results root")
+    (box / "x.jpegs").write_bytes(b"the user's frames right next to the results root")
+    return box, sentinel, box / "results"
+
+
+def _rename_camera(tree: Any, new_key: str) -> Any:
+    """Rename one camera key (not ``video.left_camera_view``) of every observation to ``new_key``."""
+    if isinstance(tree, dict):
+        cams = sorted(k for k in tree if isinstance(k, str) and k.startswith("video.") and k != "video.left_camera_view")
+        if cams and "video.left_camera_view" in tree:
+            tree[new_key] = tree.pop(cams[0])
+        for v in list(tree.values()):
+            _rename_camera(v, new_key)
+    elif isinstance(tree, list):
+        for v in tree:
+            _rename_camera(v, new_key)
+    return tree
+
+
+@pytest.mark.parametrize(("label", "key"), HOSTILE_CAMERA_KEYS, ids=[h[0] for h in HOSTILE_CAMERA_KEYS])
+def test_hostile_camera_key_over_the_wire(label: str, key: str, tmp_path: Path, capsys: Any) -> None:
+    box, sentinel, results = _box(tmp_path)
+    key = key.replace("{sentinel}", str(sentinel).lstrip("/"))
+    before = _hash_tree(box, results)
+
+    def mutate(route: str, tree: Any) -> Any:
+        return _rename_camera(tree, key)
+
+    with serve_testbed(tasks="testbed/smoke", run_id="camkeys", results_root=tmp_path / "srv") as tb:
+        proxy = HostileProxy(tb.url, mutate)
+        with proxy as url:
+            rc = _eval(url, results)
+    err = capsys.readouterr().err
+    assert proxy.mutated > 0
+    assert rc == ExitCode.FAILURE, f"{label}: exit {rc}\n{err}"  # typed RecordingError, never 0/70
+    assert "gmp: error: camera:" in err, err
+    assert "nothing was written outside the results root" in err, err
+    assert _hash_tree(box, results) == before, f"{label}: something outside the root changed"
+    # inside the root: the episode is refused (INCOMPLETE, with the reason), never "complete"
+    assert not list(results.rglob("result.json")), "a refused recording claims to be complete"
+    markers = [json.loads(p.read_text()) for p in results.rglob("INCOMPLETE")]
+    assert markers and all("recording refused: camera:" in (m.get("reason") or "") for m in markers)
+    assert not [p for p in results.rglob("*") if p.suffix in (".mp4", ".jpegs")]
+
+
+def test_episode_directory_holding_user_files_is_not_taken_over(tmp_path: Path, capsys: Any) -> None:
+    """The server's episode id names a directory that exists in the results root and holds the
+    user's files (one of them named like a camera video): refused, every file untouched."""
+    box, _sentinel, results = _box(tmp_path)
+    ep = results / "testbed" / "userdir" / "testbed" / "smoke" / "red_block_easy" / "000"
+    ep.mkdir(parents=True)
+    (ep / "left_camera.mp4").write_bytes(b"the user's own recording")
+    (ep / "notes.txt").write_text("mine")
+    before = _hash_tree(box, results / "testbed" / "userdir" / "run.json")
+
+    with serve_testbed(tasks="testbed/smoke", run_id="userdir", results_root=tmp_path / "srv") as tb:
+        rc = _eval(tb.url, results)
+    err = capsys.readouterr().err
+    assert rc == ExitCode.FAILURE, err
+    assert "gmp: error: episode:" in err and "holds files gmp did not write" in err, err
+    after = _hash_tree(box, results / "testbed" / "userdir" / "run.json")
+    changed = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
+    assert {Path(k).name for k in changed} <= {".run.json.lock"}, changed
+    assert (ep / "left_camera.mp4").read_bytes() == b"the user's own recording"
+
+
+#: run ids a client may send the testbed's /start_new_job (the testbed is a server: a request
+#: names its run directory)
+HOSTILE_RUN_IDS = ["../../outside", "a/../../../outside", "/abs/outside", "C:/outside", "a\x00b",
+                   "a\nb", "a\\..\\..\\outside", "x" * 300, "a//b", "a/./b", ".", ""]
+
+
+def test_testbed_refuses_hostile_run_ids(tmp_path: Path) -> None:
+    srv = tmp_path / "srv"
+    with serve_testbed(tasks="testbed/smoke", run_id="ok", results_root=srv) as tb:
+        host, port = tb.url.split("//", 1)[1].split(":")
+        refused = 0
+        for rid in HOSTILE_RUN_IDS:
+            conn = http.client.HTTPConnection(host, int(port), timeout=30)
+            body = json.dumps({"data": {"config_path": ["testbed/smoke"], "run_id": rid}})
+            conn.request("POST", "/start_new_job", body=body, headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            detail = json.loads(resp.read() or b"{}")
+            conn.close()
+            if rid == "":
+                continue  # an empty run id means "keep the current one" (the real server's rule)
+            assert resp.status == 500 and detail == {"detail": "ValueError: run_id contains invalid path segments"}, (rid, resp.status, detail)
+            refused += 1
+    assert refused == len(HOSTILE_RUN_IDS) - 1
+    assert _files_outside(tmp_path, srv) == []
+    runs = srv / "saved" / "eval_results" / "testbed"
+    assert not runs.exists() or {p.name for p in runs.iterdir()} <= {"ok"}

@@ -43,7 +43,11 @@ def test_five_percent_faults_are_ridden_through(seed: int) -> None:
 
 def test_stopping_at_each_failure_and_resuming_completes_the_job() -> None:
     r = server_faults.run_one(5, tasks="testbed/smoke", workers=2, processes=2,
-                              fault="error_rate=0.04,errors=500|503|504,reset_before=0.02,reset_after=0.02",
+                              # High rates with a cap: the first faults come within the first requests of
+                              # each route (decisions are a function of seed, route and count), so a
+                              # stop always happens however fast the job runs; at 4% + 2% + 2% a fast
+                              # job could finish before its first fault (a machine-speed dependency).
+                              fault="error_rate=0.3,errors=500|503|504,reset_before=0.1,reset_after=0.1,max_faults=4",
                               max_attempts=40, max_recoveries=0)
     assert r["rc"] == 0, r["errors"]
     assert r["attempts"] > 1, "no failure stopped a run: the resume path was not exercised"

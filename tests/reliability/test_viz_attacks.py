@@ -227,3 +227,134 @@ def test_injection_never_executes_in_chromium(world: dict[str, Any], tmp_path: P
         finally:
             ctx.close()
     assert dialogs == []
+
+
+# =============================================================================================
+# The viewer served files outside the root through symlinks inside it (issue "Hostile input,
+# for real", class 8): a result.json that was a symlink to an outside file had its content shown
+# on the episode page (the instruction was re-read by name after the scan had skipped the link).
+# Now every file viz opens goes through genmanip_results.paths.open_within (checked where it is
+# opened). Every input name, both layouts, every route, and the .rrd build; plus the build
+# pool's threads over many builds (it grew by four per build).
+# =============================================================================================
+
+import json  # noqa: E402 - this block is kept apart from the one above
+import pickle  # noqa: E402
+import time  # noqa: E402
+
+from genmanip_results.testing import write_server_run  # noqa: E402
+
+LINK_SECRET = "LINKSECRET-" + secrets.token_hex(8)
+
+#: (layout, file name in the episode directory) linked to an outside secret of matching kind
+LINKED_INPUTS: list[tuple[str, str]] = [
+    ("client", "result.json"), ("client", "steps.jsonl"), ("client", "left_camera.mp4"),
+    ("client", ".genmanip_vis.rrd"), ("client", ".genmanip_vis.rrd.json"),
+    ("server", "result_info.json"), ("server", "meta_record.pkl"), ("server", "left_camera.mp4"),
+    ("server", "episode.rrd"),
+]
+
+
+@pytest.fixture(scope="module")
+def linked_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    base = tmp_path_factory.mktemp("viz-links")
+    outside = base / "outside"
+    outside.mkdir()
+    payload = {"score": 1.0, "instruction": LINK_SECRET, "robot_id": LINK_SECRET, "run_id": LINK_SECRET,
+               "benchmark": LINK_SECRET}
+    kinds = {
+        "json": json.dumps(payload).encode(),
+        "jsonl": (json.dumps({"step": 0, "robot_id": LINK_SECRET}) + "\n").encode(),
+        "pkl": pickle.dumps(payload),
+        "bin": LINK_SECRET.encode() * 32,
+    }
+    for kind, data in kinds.items():
+        (outside / f"secret.{kind}").write_bytes(data)
+
+    def kind_of(name: str) -> str:
+        return {"result.json": "json", "result_info.json": "json", "steps.jsonl": "jsonl",
+                "meta_record.pkl": "pkl", ".genmanip_vis.rrd.json": "json"}.get(name, "bin")
+
+    root = base / "project"
+    client = write_client_run(root / "client_results", "ebench", "clinks",
+                              tasks={"ebench/t/a": [1.0] * 6}, steps=4)
+    server = write_server_run(root, "ebench", "slinks", tasks={"ebench/k/d": [1.0] * 5}, steps=4)
+    seeds: dict[tuple[str, str], str] = {}
+    counters = {"client": 0, "server": 0}
+    for layout, name in LINKED_INPUTS:
+        seed = str(counters[layout])
+        counters[layout] += 1
+        ep = (client / "ebench/t/a" if layout == "client" else server / "ebench/k/d") / seed
+        target = ep / name
+        if target.exists() or target.is_symlink():
+            target.unlink()
+        target.symlink_to(outside / f"secret.{kind_of(name)}")
+        seeds[(layout, name)] = seed
+    # a run whose manifest is a link out, a symlinked episode directory and a symlinked task dir
+    linked = write_client_run(root / "client_results", "ebench", "manifestlink",
+                              tasks={"ebench/t/b": [1.0]}, steps=3, videos=False)
+    (linked / "run.json").unlink()
+    (linked / "run.json").symlink_to(outside / "secret.json")
+    stolen = write_client_run(outside / "elsewhere", "ebench", "stolen", tasks={"ebench/t/x": [1.0]},
+                              instruction=LINK_SECRET, steps=3)
+    (client / "ebench/t/a/9").symlink_to(stolen / "ebench/t/x/0", target_is_directory=True)
+    (client / "ebench/t/linkedtask").symlink_to(stolen / "ebench/t/x", target_is_directory=True)
+    with VizServer(root, warm=False, scan_interval=0.5, cache_dir=base / "cache", workers=1) as srv:
+        srv.app.state.viz.index.wait_for_scan()
+        yield {"server": srv, "seeds": seeds, "outside": outside, "client": client, "srvrun": server}
+
+
+def test_linked_inputs_are_never_served_by_any_route(linked_world: dict[str, Any]) -> None:
+    srv: VizServer = linked_world["server"]
+    keys = _run_keys(srv)
+    assert {"clinks", "slinks"} <= set(keys), keys
+    paths = ["/"]
+    for run, task, n in (("clinks", "ebench/t/a", 6), ("slinks", "ebench/k/d", 5)):
+        k = keys[run]
+        paths += [f"/run/{k}", f"/run/{k}?failures=1", f"/live/{k}", f"/live/{k}/0/state.json",
+                  f"/live/{k}/0/left_camera.jpg"]
+        for seed in [*map(str, range(n)), "9"]:
+            paths += [f"/episode/{k}/{task}/{seed}", f"/rrd/{k}/{task}/{seed}/recording.rrd"]
+        paths += [f"/episode/{k}/ebench/t/linkedtask/0", f"/rrd/{k}/ebench/t/linkedtask/0/recording.rrd"]
+    for name, k in keys.items():
+        if name not in ("clinks", "slinks"):
+            paths += [f"/run/{k}", f"/episode/{k}/ebench/t/b/0", f"/rrd/{k}/ebench/t/b/0/recording.rrd"]
+    leaks: list[str] = []
+    statuses: dict[int, int] = {}
+    for path in paths:
+        status, body = _get(srv, path)
+        statuses[status] = statuses.get(status, 0) + 1
+        if LINK_SECRET.encode() in body:
+            leaks.append(f"{status} {path}")
+    print(f"\nviz linked-input requests: {len(paths)}, statuses {dict(sorted(statuses.items()))}, "
+          f"leaks {len(leaks)}")
+    assert not leaks, "\n".join(leaks)
+    assert statuses.get(500, 0) == 0, statuses
+    # a linked cache was replaced by a real build (the link, not its target)
+    ep = linked_world["client"] / "ebench/t/a" / linked_world["seeds"][("client", ".genmanip_vis.rrd")]
+    assert not (ep / ".genmanip_vis.rrd").is_symlink()
+    assert (linked_world["outside"] / "secret.bin").read_bytes() == LINK_SECRET.encode() * 32
+    assert sorted(p.name for p in linked_world["outside"].iterdir() if p.is_file()) == [
+        "secret.bin", "secret.json", "secret.jsonl", "secret.pkl"]
+
+
+def test_rrd_builds_keep_the_build_process_bounded(linked_world: dict[str, Any], tmp_path: Path) -> None:
+    """32 recordings built through the server's pool (one build process): its thread count stays
+    flat (before the fix: +4 per build, 14 -> 142 over 32 builds)."""
+    srv: VizServer = linked_world["server"]
+    write_client_run(linked_world["client"].parent.parent, "ebench", "many",
+                     tasks={"ebench/t/m": [1.0] * 32}, steps=3, size=(32, 24))
+    srv.app.state.viz.index.request_scan()
+    deadline = time.monotonic() + 60
+    while "many" not in _run_keys(srv) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    key = _run_keys(srv)["many"]
+    pool = srv.app.state.viz.pool
+    counts = []
+    for seed in range(32):
+        status, body = _get(srv, f"/rrd/{key}/ebench/t/m/{seed}/recording.rrd")
+        assert status == 200 and body[:4] == b"RRF2", (seed, status)
+        (pid,) = list(pool._executor._processes)
+        counts.append(len(os.listdir(f"/proc/{pid}/task")))
+    print(f"\nbuild process threads over 32 builds: first {counts[0]}, max {max(counts)}, last {counts[-1]}")
+    assert max(counts) - counts[0] <= 2, counts

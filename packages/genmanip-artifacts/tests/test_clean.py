@@ -10,8 +10,15 @@ from typing import Any
 
 import pytest
 from genmanip_artifacts import execute_clean, plan_clean
+from genmanip_artifacts.clean import NOT_PROVEN
 from genmanip_artifacts.errors import ArtifactsUsageError
 from genmanip_protocol.errors import ExitCode
+from genmanip_results.provenance import (
+    CATEGORY_PLOTS,
+    CATEGORY_VIEWER_CACHE,
+    ensure_cache_dir,
+    write_generated,
+)
 
 OLD = 3 * 3600.0  # seconds: older than the 1 h tmp rule and the 300 s lock rule
 
@@ -23,6 +30,16 @@ def _write(p: Path, data: str = "x", *, age: float = 0.0) -> Path:
         t = time.time() - age
         os.utime(p, (t, t))
     return p
+
+
+def _gen(p: Path, data: str, category: str = CATEGORY_VIEWER_CACHE) -> Path:
+    """A generated file made the way gmp makes it: written atomically and registered in its
+    directory's provenance manifest (the call plot.py and the viz recording builder make)."""
+    p.parent.mkdir(parents=True, exist_ok=True)
+    return write_generated(p, data.encode(), category=category, by="test")
+
+
+MANIFEST = ".gmp-generated.jsonl"
 
 
 def _age_tree(root: Path, age: float) -> None:
@@ -40,7 +57,6 @@ def _server_run(
     task = run / "ebench" / "suite" / "task"
     _write(task / "000" / "result_info.json", json.dumps({"score": 1.0, "success_rate": 1}))
     _write(task / "000" / "left_camera.mp4", "video" * 100)
-    _write(task / "000" / ".genmanip_vis.rrd", "rrd")
     _write(task / "000.lock", json.dumps({"worker_id": 0, "timestamp": 0, "pid": 1, "host": "h"}))
     _write(run / "result.json", json.dumps({"(1/1)ebench/suite/task": {"score": 1.0, "sr": 1.0}}))
     if submitted:
@@ -48,6 +64,8 @@ def _server_run(
     if readonly:
         (task / "000" / "left_camera.mp4").chmod(0o444)
     _age_tree(run, OLD)
+    # The viewer's cache came later (gmp viz): registered, and not counted as run activity.
+    _gen(task / "000" / ".genmanip_vis.rrd", "rrd")
     if live:
         # A worker is running seed 001 right now: fresh lock, no result_info.json yet.
         _write(
@@ -87,17 +105,16 @@ def tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
     for name in ("steps.jsonl", "left_camera.mp4"):
         _write(ep / name, "{}")
     _write(ep / "result.json", json.dumps({"score": 1.0, "sr": 1.0}))
-    for name in (
-        "state_plot.png",
-        "action_plot.png",
-        "merged_with_plot.mp4",
-        "merged_with_plot_0a1b2c3d.mp4",
-    ):
-        _write(ep / name, "plot" * 50)
-    _write(ep / "plot.log", "# genmanip-artifacts plot log\noutput: state_plot.png\n")
-    _write(ep / ".genmanip_vis.rrd", "rrd" * 100)
+    for name in ("state_plot.png", "action_plot.png", "merged_with_plot.mp4"):
+        _gen(ep / name, "plot" * 50, CATEGORY_PLOTS)
+    # The reference client's overlay video: named like a plot, never gmp's.
+    _write(ep / "merged_with_plot_0a1b2c3d.mp4", "plot" * 50)
+    _gen(ep / "plot.log", "# genmanip-artifacts plot log\noutput: state_plot.png\n", CATEGORY_PLOTS)
+    _gen(ep / ".genmanip_vis.rrd", "rrd" * 100)
+    # A user's old .tmp inside a results tree, and a temporary left by gmp's atomic write.
     _write(ep / "old.tmp", "in results", age=OLD)
-    ro = _write(crun / "bench" / "t" / "001" / ".genmanip_vis.rrd", "read-only cache")
+    _write(ep / ".result.json.0123456789ab.tmp", "{", age=OLD)
+    ro = _gen(crun / "bench" / "t" / "001" / ".genmanip_vis.rrd", "read-only cache")
     _write(crun / "bench" / "t" / "001" / "result.json", json.dumps({"score": 0.0, "sr": 0.0}))
     ro.chmod(0o444)
     # Traps: symlinks out of the root, one of them named like a generated artifact.
@@ -105,16 +122,24 @@ def tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
     (root / "trap_dir").symlink_to(outside / "dir", target_is_directory=True)
     (root / ".genmanip_vis.rrd").symlink_to(outside / "victim.txt")
     (root / "old_link.tmp").symlink_to(outside / "victim.txt")
-    # Temporaries outside the results trees.
+    # Temporaries outside the results trees: the user's, even one named like gmp's.
     _write(root / "stale.tmp", "old", age=OLD)
     _write(root / "work" / ".x.abc.tmp", "old", age=OLD)
+    _write(root / "work" / ".x.0123456789ab.tmp", "old", age=OLD)
     _write(root / "fresh.tmp", "new")
-    # A user's own file that merely has a plot's name (no episode, no plot.log of ours): kept.
+    # A user's own file that merely has a plot's name (no provenance record): kept.
     _write(root / "notes" / "action_plot.png", "mine")
-    # A `gmp plot --out` directory (recognised by our plot.log).
-    _write(root / "plots_out" / "state_plot.png", "png")
-    _write(root / "plots_out" / "plot.log", "# genmanip-artifacts plot log\n")
-    # This project's cache.
+    # A user folder that looks like an episode with plots (result.json, plot names, even a
+    # plot.log with our first line): nothing of it is gmp's.
+    _write(root / "mine" / "result.json", json.dumps({"score": 1.0}))
+    for name in ("state_plot.png", "action_plot.png", "merged_with_plot.mp4", ".genmanip_vis.rrd"):
+        _write(root / "mine" / name, "user data")
+    _write(root / "mine" / "plot.log", "# genmanip-artifacts plot log\n")
+    # A `gmp plot --out` directory (its outputs registered by the writer).
+    _gen(root / "plots_out" / "state_plot.png", "png", CATEGORY_PLOTS)
+    _gen(root / "plots_out" / "plot.log", "# genmanip-artifacts plot log\n", CATEGORY_PLOTS)
+    # This project's cache, created (and tagged) by gmp.
+    ensure_cache_dir(cache)
     _write(cache / "meshes" / "a.obj", "mesh" * 10)
     _write(cache / "meshes" / "sub" / "b.obj", "mesh")
     _write(cache / "logs" / "gmp.log", "log")
@@ -140,15 +165,14 @@ def _gone(before: set[str], after: set[str]) -> set[str]:
 
 
 EP = "proj/client_results/bench/r1/bench/t/000"
+_SRV_EP = "saved/eval_results/ebench/{}/ebench/suite/task/000"
 DEFAULT_GONE = {
-    ".genmanip_vis.rrd",  # the symlink only; outside/victim.txt stays
-    "stale.tmp",
-    "work/.x.abc.tmp",
-    "saved/eval_results/ebench/run_sub/ebench/suite/task/000/.genmanip_vis.rrd",
-    "saved/eval_results/ebench/run_unsub/ebench/suite/task/000/.genmanip_vis.rrd",
-    "saved/eval_results/ebench/run_live/ebench/suite/task/000/.genmanip_vis.rrd",
-    "saved/eval_results/ebench/run_ro/ebench/suite/task/000/.genmanip_vis.rrd",
+    # registered viewer caches; a server episode's manifest goes with its only entry
+    *(f"{_SRV_EP.format(r)}/{n}" for r in ("run_sub", "run_unsub", "run_live", "run_ro")
+      for n in (".genmanip_vis.rrd", MANIFEST)),
     "client_results/bench/r1/bench/t/000/.genmanip_vis.rrd",
+    # the temporary of gmp's atomic write, inside the results tree
+    "client_results/bench/r1/bench/t/000/.result.json.0123456789ab.tmp",
 }
 CACHE_GONE = {
     "cache/meshes/a.obj",
@@ -158,14 +182,8 @@ CACHE_GONE = {
 }
 PLOTS_GONE = {
     f"{EP}/{n}"
-    for n in (
-        "state_plot.png",
-        "action_plot.png",
-        "merged_with_plot.mp4",
-        "merged_with_plot_0a1b2c3d.mp4",
-        "plot.log",
-    )
-} | {"proj/plots_out/state_plot.png", "proj/plots_out/plot.log"}
+    for n in ("state_plot.png", "action_plot.png", "merged_with_plot.mp4", "plot.log", MANIFEST)
+} | {f"proj/plots_out/{n}" for n in ("state_plot.png", "plot.log", MANIFEST)}
 
 
 def _proj(paths: set[str]) -> set[str]:
@@ -179,7 +197,7 @@ def test_dry_run_by_default_when_not_a_terminal(
     assert _run(cmd, tree) == ExitCode.OK
     assert _snapshot(tree["base"]) == before
     out = capsys.readouterr()
-    assert "viewer-cache: 6 item(s)" in out.out
+    assert "viewer-cache: 5 item(s)" in out.out
     assert "mesh-cache: 2 item(s)" in out.out
     assert "would delete:" in out.out
     assert "--yes" in out.err
@@ -210,6 +228,8 @@ def test_plots_flag(cmd: Any, tree: dict[str, Path]) -> None:
     assert gone == _proj(DEFAULT_GONE) | CACHE_GONE | PLOTS_GONE
     assert (tree["root"] / "notes" / "action_plot.png").exists()
     assert (tree["outside"] / "dir" / "state_plot.png").exists()
+    assert (tree["root"] / "mine" / "state_plot.png").read_text() == "user data"
+    assert (tree["root"] / EP.removeprefix("proj/") / "merged_with_plot_0a1b2c3d.mp4").exists()
 
 
 def test_results_only_submitted_and_not_live(
@@ -233,9 +253,9 @@ def test_force_never_deletes_a_live_run(cmd: Any, tree: dict[str, Path]) -> None
     assert not any(p.startswith("proj/saved/eval_results/ebench/run_unsub") for p in after)
     assert not any(p.startswith("proj/saved/eval_results/ebench/run_sub") for p in after)
     live = {p for p in before if p.startswith("proj/saved/eval_results/ebench/run_live")}
-    # The live run keeps everything except its viewer cache.
+    # The live run keeps everything except its viewer cache (and that cache's manifest).
     assert live - after == {
-        "proj/saved/eval_results/ebench/run_live/ebench/suite/task/000/.genmanip_vis.rrd"
+        f"proj/{_SRV_EP.format('run_live')}/{n}" for n in (".genmanip_vis.rrd", MANIFEST)
     }
     assert (tree["root"] / "saved/eval_results/ebench/run_live/ebench/suite/task/001.lock").exists()
     assert (tree["root"] / "saved/eval_results/ebench/run_ro").exists()
@@ -264,8 +284,7 @@ def test_missing_root_is_a_usage_error(cmd: Any, tmp_path: Path) -> None:
 def test_symlinked_cache_subdir_not_followed(tmp_path: Path) -> None:
     root = tmp_path / "r"
     root.mkdir()
-    cache = tmp_path / "cache"
-    cache.mkdir()
+    cache = ensure_cache_dir(tmp_path / "cache")
     _write(tmp_path / "elsewhere" / "keep.bin", "k")
     (cache / "meshes").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
     plan = plan_clean(root, cache_dir=cache)
@@ -277,7 +296,7 @@ def test_symlinked_cache_subdir_not_followed(tmp_path: Path) -> None:
 def test_dir_swapped_for_symlink_after_planning_is_not_followed(tmp_path: Path) -> None:
     root = tmp_path / "r"
     root.mkdir()
-    cache = tmp_path / "cache"
+    cache = ensure_cache_dir(tmp_path / "cache")
     _write(cache / "meshes" / "pack" / "m.obj", "m")
     _write(tmp_path / "elsewhere" / "keep.bin", "k")
     plan = plan_clean(root, cache_dir=cache)
@@ -318,9 +337,11 @@ def test_sizes_are_reported(tree: dict[str, Path]) -> None:
     by = {i.path.name: i for i in plan.items}
     assert by["bundle.zip"].size == 3000
     assert by["a.obj"].size == 40
-    assert by[".genmanip_vis.rrd"].size in (0, 3, 300)  # symlink (0) or real caches
-    link = next(i for i in plan.items if i.path == tree["root"] / ".genmanip_vis.rrd")
-    assert link.kind == "symlink" and link.size == 0
+    assert by[".genmanip_vis.rrd"].size in (3, 300)
+    # A symlink named like a viewer cache was never written by gmp: listed as kept, not deleted.
+    assert not any(i.path == tree["root"] / ".genmanip_vis.rrd" for i in plan.items)
+    link = next(r for r in plan.refused if r.path == tree["root"] / ".genmanip_vis.rrd")
+    assert link.reason == NOT_PROVEN
     assert plan.total_bytes == sum(i.size for i in plan.items)
 
 
@@ -376,7 +397,7 @@ def test_prompt_on_a_terminal(
 ) -> None:
     root = tmp_path / "r"
     cache = tmp_path / "c"
-    target = _write(root / "client_results" / "b" / "r" / ".genmanip_vis.rrd", "rrd")
+    target = _gen(root / "client_results" / "b" / "r" / ".genmanip_vis.rrd", "rrd")
     rc, talk = _clean_on_a_terminal(cmd, root, cache, answer)
     assert "delete 1 item(s), 3 B? [y/N]" in talk
     assert rc == expected_rc

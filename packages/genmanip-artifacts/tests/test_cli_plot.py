@@ -69,6 +69,7 @@ def test_process_pool_and_out_dir(
     for seed in ("000", "001"):
         d = out / "bench" / "run1" / "bench" / "suite" / "task_a" / seed
         assert sorted(p.name for p in d.iterdir()) == [
+            ".gmp-generated.jsonl",  # the provenance manifest every output is registered in
             "action_plot.png",
             "plot.log",
             "state_plot.png",

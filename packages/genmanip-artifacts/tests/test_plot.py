@@ -56,6 +56,7 @@ def test_out_dir_and_no_video(lift2_episode: Path, tmp_path: Path) -> None:
     r = plot_episode(lift2_episode, out=out, video=False)
     assert r.video is None and r.frames == 0
     assert sorted(p.name for p in out.iterdir()) == [
+        ".gmp-generated.jsonl",  # the provenance manifest every output is registered in
         "action_plot.png",
         "plot.log",
         "state_plot.png",

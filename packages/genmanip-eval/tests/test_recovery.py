@@ -11,12 +11,13 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from genmanip_eval import EvalClient, StepError, ZeroPolicy
+from genmanip_eval import EvalClient, GenmanipEvalError, StepError, ZeroPolicy
 from genmanip_testbed import serve_testbed
 
 NUM_STEPS = 6
@@ -292,3 +293,193 @@ def test_a_result_gone_from_the_server_is_reported_not_waited_for(tmp_path: Path
     assert "reply carrying its result was lost" in info["reason"]
     assert not list(d.glob(".awaiting_result.*")) and not (d / ".frames").exists()
     assert d.name not in json.loads((d.parent / "episode_result.json").read_text())
+
+
+
+# ============================================================== a server that lost its workers ====
+# A restart is emulated in-process: the testbed is shut down and a new one serves the same port,
+# results tree and run id (what a restarted server is: the run on disk, no worker, no memory of
+# the old process). tests/reliability/test_server_restart.py does it with SIGKILLed processes.
+
+
+class _Restartable:
+    """A testbed that can be stopped and started again on the same port and results tree."""
+
+    def __init__(self, root: Path, **kw: Any) -> None:
+        self.kw: dict[str, Any] = {"tasks": ("testbed/smoke",), "num_steps": NUM_STEPS, "run_id": "rs",
+                                   "results_root": root, "reset_delay": 0.01, **kw}
+        self._cm: Any = None
+        self.tb: Any = None
+        self.port = 0
+        self.snapshots: list[dict[str, Any]] = []
+
+    def start(self, **kw: Any) -> Any:
+        cm = serve_testbed(port=self.port, **{**self.kw, **kw})
+        self.tb = cm.__enter__()
+        self._cm, self.port = cm, self.tb.port
+        if self.snapshots:
+            # The old process's seed locks block for 300 s on the real server; not here.
+            self.tb.server.core.cfg.lock_stale_s = 0.5
+        return self.tb
+
+    def stop(self) -> None:
+        if self._cm is not None:
+            self.tb.wait_finalizes()
+            self.snapshots.append(self.tb.stats.snapshot())
+            cm, self._cm = self._cm, None
+            cm.__exit__(None, None, None)
+
+    def __enter__(self) -> _Restartable:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _wait(cond: Any, timeout: float = 20.0) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.01)
+
+
+def _in_thread(fn: Any) -> tuple[threading.Thread, list[Any]]:
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            out.append(fn())
+        except BaseException as exc:  # handed to the test thread
+            out.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, out
+
+
+@pytest.mark.parametrize(("down", "chunk"), [(0.0, False), (1.0, False), (0.0, True)])
+def test_restart_between_requests_recreates_the_workers(tmp_path: Path, down: float, chunk: bool) -> None:
+    """The server restarts while the client is between requests. Back at once: the next /step
+    meets ``KeyError: '0'`` (/step_chunk: a bare 500), the real answer for an unknown worker, not a
+    faulty request. Down for a second: nothing can be sent; the client waits, then finds via
+    /status that the new process lost its workers. Either way the episode restarts from its first
+    step on a re-created worker, nothing is resent, and the job completes."""
+    res = tmp_path / "results"
+    events: list[tuple[str, dict[str, Any]]] = []
+    with _Restartable(tmp_path / "srv") as srv:
+        srv.start()
+        with EvalClient(srv.tb.url, ["0"], record=True, results_dir=str(res),
+                        on_event=lambda n, p: events.append((n, p))) as c:
+            e = _step_to(c, c.reset(), 2)
+            eid = e["0"]["obs"]["episode_id"]
+            act = ZeroPolicy().get_action(e["0"]["obs"])
+            srv.stop()
+            if down:
+                t, out = _in_thread(lambda: c.step(act))
+                time.sleep(down)
+                srv.start()
+                t.join(60)
+                assert out and not isinstance(out[0], BaseException), out
+                e = out[0][0]
+            else:
+                srv.start()
+                e, _ = c.step([act] * 2 if chunk else act)
+            assert c.stats["recoveries"] == 1 and c.stats["restarts"] == 1
+            assert e["0"]["obs"]["reset"] is True and e["0"]["obs"]["timestep"] == 0
+            _finish(c, e)
+        srv.stop()
+    old, new = srv.snapshots
+    assert old["steps_by_attempt"][eid] == [2]  # ran on the old process, died with it
+    assert new["steps_by_attempt"][eid] == [NUM_STEPS]  # served again from its first step
+    assert sorted(new["steps_by_attempt"].values()) == [[NUM_STEPS], [NUM_STEPS]]
+    for ep in new["steps_by_attempt"]:
+        _assert_recorded(res / ep, NUM_STEPS)
+    restarted = [p for n, p in events if n == "episode_restarted"]
+    assert [p["episode_id"] for p in restarted] == [eid]
+    assert "the server lost the worker" in restarted[0]["reason"]
+
+
+def test_restart_while_waiting_for_a_result_marks_it_lost(tmp_path: Path) -> None:
+    """The server restarts after ending an episode, before handing out its result: the new process
+    has no pending reset ("no pending reset result" to a poll of a resetting worker) and the old
+    one's result died with it. The new server keeps the score (result_info.json) and never serves
+    the seed again: the recording is INCOMPLETE with that reason, the run goes on."""
+    res = tmp_path / "results"
+    with _Restartable(tmp_path / "srv") as srv:
+        old = srv.start(reset_delay=3.0)  # the result waits in the old process's memory
+        with EvalClient(old.url, ["0"], record=True, results_dir=str(res)) as c:
+            e = _step_to(c, c.reset(), NUM_STEPS - 1)
+            eid = e["0"]["obs"]["episode_id"]
+            polls = old.stats.requests.get("/reset_result", 0)
+            t, out = _in_thread(lambda: c.step(ZeroPolicy().get_action(e["0"]["obs"])))
+            _wait(lambda: old.stats.episodes_finished == 1
+                  and old.stats.requests.get("/reset_result", 0) > polls)  # the client is polling
+            srv.stop()
+            srv.start()
+            t.join(60)
+            assert out and not isinstance(out[0], BaseException), out
+            e = out[0][0]
+            assert c.stats["recoveries"] == 1
+            assert e["0"]["obs"]["episode_id"] != eid and e["0"]["obs"]["timestep"] == 0
+            _finish(c, e)
+        srv.stop()
+    old_snap, new_snap = srv.snapshots
+    assert old_snap["steps_by_attempt"][eid] == [NUM_STEPS] and eid not in new_snap["steps_by_attempt"]
+    d = res / eid
+    info = json.loads((d / "INCOMPLETE").read_text())
+    assert "server restarted before handing out this episode's result" in info["reason"]
+    assert not (d / "result.json").exists() and d.name not in json.loads(
+        (d.parent / "episode_result.json").read_text())
+    (other,) = new_snap["steps_by_attempt"]
+    _assert_recorded(res / other, NUM_STEPS)
+
+
+def test_restarted_server_without_a_job_is_waited_for_then_reattached(tmp_path: Path) -> None:
+    """A real server restarts idle. The client says so and waits; once the run is submitted again
+    with the same run id, it re-creates its workers and restarts the episode."""
+    res = tmp_path / "results"
+    with _Restartable(tmp_path / "srv") as srv:
+        srv.start()
+        with EvalClient(srv.tb.url, ["0"], run_id="rs", record=True, results_dir=str(res)) as c:
+            e = _step_to(c, c.reset(), 2)
+            act = ZeroPolicy().get_action(e["0"]["obs"])
+            srv.stop()
+            new = srv.start(job=False)
+            t, out = _in_thread(lambda: c.step(act))
+            _wait(lambda: new.stats.requests.get("/status", 0) >= 2)  # the client waits for a job
+            assert t.is_alive()
+            with EvalClient(new.url, ["9"], kill_on_close=False) as submitter:
+                submitter._json_call("/start_new_job", {"data": {"config_path": ["testbed/smoke"],
+                                                                 "run_id": "rs"}},
+                                     timeout_key="start_new_job", retry=False)
+            t.join(60)
+            assert out and not isinstance(out[0], BaseException), out
+            e = out[0][0]
+            assert c.stats["restarts"] == 1 and e["0"]["obs"]["reset"] is True
+            _finish(c, e)
+        srv.stop()
+    for ep in srv.snapshots[-1]["steps_by_attempt"]:
+        _assert_recorded(res / ep, NUM_STEPS)
+
+
+def test_restarted_server_with_another_run_or_no_job_is_a_clear_error(tmp_path: Path) -> None:
+    with _Restartable(tmp_path / "srv") as srv:
+        srv.start()
+        with EvalClient(srv.tb.url, ["0"], timeouts={"reset_deadline": 1.5}) as c:
+            e = _step_to(c, c.reset(), 1)
+            act = ZeroPolicy().get_action(e["0"]["obs"])
+            srv.stop()
+            srv.start(run_id="another")  # its episodes would be recorded as this run's
+            with pytest.raises(GenmanipEvalError, match="not mixing runs") as info:
+                c.step(act)
+            assert info.value.hint is not None and "--run-id" in info.value.hint
+    with _Restartable(tmp_path / "srv2") as srv:
+        srv.start()
+        with EvalClient(srv.tb.url, ["0"], run_id="rs", timeouts={"reset_deadline": 1.5}) as c:
+            e = _step_to(c, c.reset(), 1)
+            act = ZeroPolicy().get_action(e["0"]["obs"])
+            srv.stop()
+            srv.start(job=False)  # and nobody submits the run again
+            with pytest.raises(GenmanipEvalError, match="has had no job") as info:
+                c.step(act)
+            assert info.value.hint is not None and "gmp submit CONFIG... --run-id rs" in info.value.hint

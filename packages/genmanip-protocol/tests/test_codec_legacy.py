@@ -178,8 +178,11 @@ def test_image_values_decode_with_pillow() -> None:
         "mode": "RGB",
     }
     assert np.array_equal(CODEC.decode(pickle.dumps(v)), rgb)
-    with pytest.raises(DecodeError, match="invalid image"):
+    with pytest.raises(DecodeError, match="not a JPEG/PNG image"):
         CODEC.decode(pickle.dumps({**v, "data": base64.b64encode(b"not a png").decode()}))
+    # a PNG signature followed by garbage reaches Pillow's PNG plugin (only), which refuses it
+    with pytest.raises(DecodeError, match="invalid PNG image"):
+        CODEC.decode(pickle.dumps({**v, "data": base64.b64encode(b"\x89PNG\r\n\x1a\nxx").decode()}))
 
 
 @pytest.mark.parametrize(

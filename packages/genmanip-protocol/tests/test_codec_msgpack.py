@@ -269,7 +269,7 @@ def test_malformed_frames_raise_decode_error(data: bytes, match: str) -> None:
 def test_huge_declared_shape_does_not_allocate() -> None:
     t0 = time.perf_counter()
     for shape in ([2**40, 2**40], [2**31] * 8, [2**63 - 1, 2**63 - 1, 2**63 - 1]):
-        with pytest.raises(DecodeError, match="needs"):
+        with pytest.raises(DecodeError, match="exceeds the limit"):
             CODEC.decode(_frame({"a": _ref("<f8", shape, 0)}, [bytes(64)]))
     assert time.perf_counter() - t0 < 1.0
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 import os
 import pickle
 import random
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,6 +28,10 @@ from genmanip_protocol.codec import (
     safe_loads,
 )
 from genmanip_protocol.codec.msgpack_codec import MAGIC
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import _hostile as H
 
 N = int(os.environ.get("GMP_FUZZ_N", "2500"))
 SEED = int(os.environ.get("GMP_FUZZ_SEED", "20261130"))
@@ -230,3 +236,47 @@ def test_fuzz_jpeg_decoder() -> None:
     seeds = _seeds_jpeg()
     ok, failed = _fuzz(decode_jpeg, seeds, [b"\xff\xd8\xff\xe0", seeds[0][:200]], 4)
     assert failed > 0 and ok > 0
+
+
+def _seeds_hostile() -> list[bytes]:
+    """Small versions of each hostile class (deep hashables, floods, memo bombs, empty arrays,
+    foreign image formats): mutating them probes the edges of every limit."""
+    eps = H.HOSTILE_IMAGES["EPS"]
+    return [
+        H.deep_tuple_key(300),
+        H.deep_tuple_set_member(120),
+        H.deep_frozenset_reduce(80),
+        H.deep_list_chain(100),
+        H.repeated("8f", 3000),
+        H.empties_in_list("5d", 3000),
+        H.memo_bomb("bytearray", 4096, 40),
+        H.memo_bomb("set", 500, 40),
+        H.numpy_pickle([0, 2**40], 2),
+        H.numpy_pickle([0, 7, 9], 5),
+        H.tagged("numpy_array", dtype="float32", shape=[2**20, 0], data_b64=b""),
+        H.tagged("image", data_b64=eps),
+        H.tagged("image", data_b64=H.png(3, 4)),
+        H.tagged("jpeg_bytes", dtype="uint8", shape=[8, 8, 3], data=b"\xff\xd8\xff" + eps),
+    ]
+
+
+@pytest.mark.timeout(TIMEOUT)
+def test_fuzz_hostile_seeds_legacy() -> None:
+    seeds = _seeds_hostile()
+    _ok, failed = _fuzz(LegacyCodec().decode, seeds, [b"\x80\x04", b"\x80\x04}N\x85\x85"], 5)
+    assert failed > 0
+
+
+@pytest.mark.timeout(TIMEOUT)
+def test_fuzz_hostile_seeds_msgpack() -> None:
+    seeds = [
+        H.frame(H.mp_array32("90", 3000)),
+        H.frame(H.mp_array32("80", 3000)),
+        H.frame(H.mp_deep(70)),
+        H.frame(H.mp_map32_empty_values(2000)),
+        H.mp_array_ref([0, 2**40]),
+        H.mp_jpeg_ref(H.HOSTILE_IMAGES["EPS"], [8, 8, 3]),
+        H.mp_jpeg_ref(b"\xff\xd8\xff" + H.HOSTILE_IMAGES["EPS"], [8, 8, 3]),
+    ]
+    _ok, failed = _fuzz(MsgpackCodec().decode, seeds, [MAGIC + b"\x01"], 6)
+    assert failed > 0

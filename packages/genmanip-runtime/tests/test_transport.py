@@ -6,6 +6,7 @@ import hashlib
 import http.server
 import json
 import logging
+import os
 import pickle
 import signal
 import socket
@@ -24,7 +25,9 @@ from genmanip_runtime.errors import (
     ConnectError,
     HTTPStatusError,
     RequestTimeout,
+    ResponseTooLarge,
     TransportError,
+    UnexpectedReply,
 )
 from genmanip_runtime.transport import HttpTransport, build_base_url
 
@@ -477,3 +480,302 @@ def test_uvicorn_keepalive_and_idle_close(uvicorn_url: str) -> None:
         r = t.post("/step", body=b"z")
         assert r.body == b"zz"
     assert t.connections_opened == 2
+
+
+# -- hostile replies: body bound, deadline, every status class (tests/reliability for the CLI) --
+
+
+class _Scripted:
+    """A raw socket server: every connection reads one request, then runs ``script(conn)``."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock.settimeout(0.1)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.script: Any = None
+        self.requests = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(10)
+            data = b""
+            try:
+                while True:
+                    while b"\r\n\r\n" not in data:
+                        chunk = conn.recv(65536)
+                        if not chunk:
+                            return
+                        data += chunk
+                    head, _, data = data.partition(b"\r\n\r\n")
+                    n = 0
+                    for line in head.split(b"\r\n"):
+                        if line.lower().startswith(b"content-length:"):
+                            n = int(line.split(b":", 1)[1])
+                    while len(data) < n:
+                        data += conn.recv(65536)
+                    data = data[n:]
+                    self.requests += 1
+                    if not self.script(conn):
+                        return
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self._stop.set()
+        self.sock.close()
+        self._thread.join(2)
+
+
+@pytest.fixture
+def scripted() -> Iterator[_Scripted]:
+    srv = _Scripted()
+    yield srv
+    srv.close()
+
+
+def _send(data: bytes, keep: bool = False) -> Any:
+    def script(conn: socket.socket) -> bool:
+        conn.sendall(data)
+        return keep
+
+    return script
+
+
+def _drip(data: bytes, every: float, head: int = 0) -> Any:
+    def script(conn: socket.socket) -> bool:
+        conn.sendall(data[:head])
+        for i in range(head, len(data)):
+            time.sleep(every)
+            try:
+                conn.sendall(data[i : i + 1])
+            except OSError:
+                return False
+        return False
+
+    return script
+
+
+def _endless(head: bytes, piece: bytes, every: float = 0.0) -> Any:
+    def script(conn: socket.socket) -> bool:
+        t0 = time.monotonic()
+        try:
+            conn.sendall(head)
+            while time.monotonic() - t0 < 10:
+                conn.sendall(piece)
+                if every:
+                    time.sleep(every)
+        except OSError:
+            pass
+        return False
+
+    return script
+
+
+_OK = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 12\r\n\r\n{"ok": true}'
+
+
+def test_a_declared_2_gib_body_is_refused_before_anything_is_allocated(scripted: _Scripted) -> None:
+    import tracemalloc
+
+    scripted.script = _send(b"HTTP/1.1 200 OK\r\nContent-Length: 2147483648\r\n\r\n" + b"x" * 1000, keep=True)
+    with HttpTransport(scripted.url, timeout=5) as t:
+        tracemalloc.start()
+        try:
+            with pytest.raises(ResponseTooLarge) as ei:
+                t.post("/step", body=b"x", route_name="/step")
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    e = ei.value
+    assert peak < 8 * 1024 * 1024, peak  # (before: a 2 GiB read ending in MemoryError, exit 70)
+    assert e.limit == transport_mod.DEFAULT_MAX_REPLY_BYTES and e.declared == 2**31
+    assert e.route == "/step" and e.status == 200 and e.sent and e.maybe_executed
+    assert e.exit_code == ExitCode.REMOTE_ERROR
+    assert "/step" in str(e) and "2,147,483,648" in str(e) and "536,870,912" in str(e)
+
+
+def test_default_reply_limit_covers_the_largest_legitimate_reply() -> None:
+    # lift2 R5a raw (2 x 640x480 + 2 x 1280x720 RGB) for 32 workers, base64-inflated
+    largest = (2 * 480 * 640 * 3 + 2 * 720 * 1280 * 3) * 32 * 4 // 3
+    assert largest < transport_mod.DEFAULT_MAX_REPLY_BYTES < 2 * largest
+
+
+@pytest.mark.parametrize("kind", ["chunked", "until close"])
+def test_an_endless_body_stops_at_the_limit(scripted: _Scripted, kind: str) -> None:
+    if kind == "chunked":
+        scripted.script = _endless(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+                                   b"10000\r\n" + b"a" * 0x10000 + b"\r\n")
+    else:
+        scripted.script = _endless(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n", b"a" * 65536)
+    with HttpTransport(scripted.url, timeout=10) as t:
+        t0 = time.monotonic()
+        with pytest.raises(ResponseTooLarge) as ei:
+            t.get("/status", max_reply_bytes=2 * 1024 * 1024)
+        assert time.monotonic() - t0 < 5
+        assert ei.value.declared is None and ei.value.limit == 2 * 1024 * 1024
+        assert t._conn is None  # the rest of the body is never read: the connection is dropped
+        scripted.script = _send(_OK)
+        assert t.get("/status").json() == {"ok": True}
+
+
+def test_a_chunked_body_within_the_limit_is_read_whole(scripted: _Scripted) -> None:
+    body = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in (b"{\"a\": ", b"1", b"}")) + b"0\r\n\r\n"
+    scripted.script = _send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + body, keep=True)
+    with HttpTransport(scripted.url, timeout=5) as t:
+        assert t.get("/x").json() == {"a": 1}
+        assert t.get("/x", max_reply_bytes=8).body == b'{"a": 1}'
+        with pytest.raises(ResponseTooLarge):
+            t.get("/x", max_reply_bytes=7)
+
+
+@pytest.mark.parametrize("size", [b"-1", b"zz", b"FFFFFFFFFFFFFFFF"])
+def test_bad_chunk_sizes_are_transport_errors(scripted: _Scripted, size: bytes) -> None:
+    # "-1" parses as hex: http.client would then read until the peer closes, without a bound
+    scripted.script = _send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + size + b"\r\n" + b"x" * 100)
+    with HttpTransport(scripted.url, timeout=2) as t:
+        with pytest.raises(TransportError) as ei:
+            t.get("/x")
+    assert not isinstance(ei.value, RequestTimeout)
+
+
+@pytest.mark.parametrize("where", ["status line", "headers", "body"])
+def test_a_trickled_reply_is_cut_at_the_deadline(scripted: _Scripted, where: str) -> None:
+    reply = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Pad: " + b"p" * 200 + b"\r\nContent-Length: 300\r\n\r\n" + b" " * 300
+    head = {"status line": 0, "headers": 20, "body": reply.index(b"\r\n\r\n") + 4}[where]
+    scripted.script = _drip(reply, 0.02, head)  # every byte well within any per-recv timeout
+    with HttpTransport(scripted.url, timeout=30) as t:
+        t0 = time.monotonic()
+        with pytest.raises(RequestTimeout) as ei:
+            t.post("/step", body=b"x", timeout=0.5, route_name="/step")
+        took = time.monotonic() - t0
+    assert 0.45 <= took < 1.0, took  # (before: ~11 s, one byte every 20 ms, each "in time")
+    assert str(ei.value) == "POST /step timed out after 0.5 s"
+    assert ei.value.timeout == 0.5 and ei.value.maybe_executed
+
+
+def test_endless_interim_replies_are_cut_at_the_deadline(scripted: _Scripted) -> None:
+    scripted.script = _endless(b"", b"HTTP/1.1 100 Continue\r\n\r\n", 0.001)
+    with HttpTransport(scripted.url) as t:
+        t0 = time.monotonic()
+        with pytest.raises(RequestTimeout):
+            t.get("/protocol", timeout=0.4)
+        assert time.monotonic() - t0 < 1.0
+
+
+@pytest.mark.parametrize("interim", [b"HTTP/1.1 100 Continue\r\n\r\n", b"HTTP/1.1 102 Processing\r\n\r\n",
+                                     b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n"])
+def test_interim_replies_before_the_final_one_are_skipped(scripted: _Scripted, interim: bytes) -> None:
+    scripted.script = _send(interim + _OK, keep=True)
+    with HttpTransport(scripted.url, timeout=5) as t:
+        assert t.get("/x").json() == {"ok": True}
+        assert t.get("/x").json() == {"ok": True}
+        assert t.connections_opened == 1
+
+
+def test_switching_protocols_is_an_error_and_drops_the_connection(scripted: _Scripted) -> None:
+    scripted.script = _send(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n\x81\x05hello", keep=True)
+    with HttpTransport(scripted.url, timeout=5, service="a GenManip eval server") as t:
+        with pytest.raises(HTTPStatusError) as ei:
+            t.get("/protocol")
+        assert ei.value.status == 101 and ei.value.maybe_executed
+        assert "interim reply" in str(ei.value) and "GenManip eval server" in str(ei.value)
+        assert t._conn is None
+        r = t.get("/protocol", raise_for_status=False)  # inspected by the caller, never reused
+        assert r.status == 101 and t._conn is None
+
+
+@pytest.mark.parametrize("code", [301, 302, 303, 307, 308])
+def test_a_redirect_is_never_followed(scripted: _Scripted, code: int) -> None:
+    loc = "http://evil.example.invalid/x?token=" + TOKEN
+    scripted.script = _send(f"HTTP/1.1 {code} Moved\r\nLocation: {loc}\r\nContent-Length: 0\r\n\r\n".encode(), keep=True)
+    with HttpTransport(scripted.url, token=TOKEN, timeout=5) as t:
+        with pytest.raises(HTTPStatusError) as ei:
+            t.post("/step", body=b"x", route_name="/step")
+        r = t.get("/x", raise_for_status=False)
+    e = ei.value
+    assert e.status == code and not e.maybe_executed and e.exit_code == ExitCode.REMOTE_ERROR
+    assert "redirect to 'http://evil.example.invalid/x?token=***'" in str(e)
+    assert "not followed" in str(e) and e.hint and "--url" in e.hint
+    assert TOKEN not in str(e) and TOKEN not in e.detail
+    assert r.status == code  # raise_for_status=False: the caller decides
+    assert scripted.requests == 2  # nobody went anywhere else
+
+
+def test_expect_judges_a_2xx_reply(scripted: _Scripted) -> None:
+    cases = [
+        (b"HTTP/1.1 204 No Content\r\n\r\n", "application/json", "an empty body"),
+        (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 0\r\n\r\n", "application/json", "an empty body"),
+        (b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: 12\r\n\r\n<html>login!", "application/json", "text/html (12 bytes, starting '<html>login!"),
+        (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}", "application/x-genmanip-msgpack", "application/json (2 bytes"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nab", "application/x-genmanip-msgpack", "no Content-Type"),
+        (b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nOK", "application/octet-stream", "text/plain"),
+    ]
+    with HttpTransport(scripted.url, timeout=5, service="a GenManip eval server") as t:
+        for reply, expect, said in cases:
+            scripted.script = _send(reply, keep=True)
+            with pytest.raises(UnexpectedReply) as ei:
+                t.post("/step", body=b"x", route_name="/step", expect=expect)
+            e = ei.value
+            assert said in str(e) and f"expected {expect}" in str(e), str(e)
+            assert "this does not look like a GenManip eval server" in str(e)
+            assert e.expected == expect and e.maybe_executed and e.exit_code == ExitCode.REMOTE_ERROR
+        # the generic binary type takes any binary label, or none; JSON takes +json
+        for reply, expect in [
+            (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n\x80\x05", "application/octet-stream"),
+            (b"HTTP/1.1 200 OK\r\nContent-Type: application/x-pickle\r\nContent-Length: 2\r\n\r\n\x80\x05", "application/octet-stream"),
+            (b"HTTP/1.1 200 OK\r\nContent-Type: application/problem+json\r\nContent-Length: 2\r\n\r\n{}", "application/json"),
+            (b"HTTP/1.1 200 OK\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: 2\r\n\r\n{}", "application/json"),
+        ]:
+            scripted.script = _send(reply, keep=True)
+            assert t.get("/x", expect=expect).status == 200
+
+
+def test_deep_json_is_a_decode_error(scripted: _Scripted) -> None:
+    body = b"[" * 200_000 + b"]" * 200_000
+    scripted.script = _send(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body, keep=True)
+    with HttpTransport(scripted.url, timeout=5) as t:
+        with pytest.raises(DecodeError, match="nested too deeply"):
+            t.get("/status").json()
+    with pytest.raises(ValueError, match="nested too deeply"):
+        transport_mod.reply_json(body)
+
+
+def test_an_upload_to_a_server_that_never_reads_is_cut_at_the_deadline(scripted: _Scripted, tmp_path) -> None:
+    big = tmp_path / "bundle.zip"
+    big.write_bytes(os.urandom(1024) * 32 * 1024)  # 32 MiB: more than the socket buffers hold
+
+    def never_read(conn: socket.socket) -> bool:
+        time.sleep(3)
+        return False
+
+    scripted.script = never_read
+    # (the request line and headers are read by _Scripted; the body is never read)
+    with HttpTransport(scripted.url, timeout=30) as t:
+        t0 = time.monotonic()
+        with pytest.raises(RequestTimeout) as ei:
+            t.request_multipart("/api/upload", {}, {"file": ("b.zip", big, "application/zip")}, timeout=0.5)
+        assert time.monotonic() - t0 < 1.5
+    assert "of 33" in str(ei.value)  # names how much was sent
+
+
+def test_bad_timeouts_and_limits_are_config_errors() -> None:
+    for bad in (0, -1, float("nan"), float("inf")):
+        with pytest.raises(ConfigError):
+            HttpTransport("http://127.0.0.1:9", timeout=bad)
+        with pytest.raises(ConfigError):
+            HttpTransport("http://127.0.0.1:9").get("/x", timeout=bad)
+    with pytest.raises(ConfigError):
+        HttpTransport("http://127.0.0.1:9", max_reply_bytes=-1)

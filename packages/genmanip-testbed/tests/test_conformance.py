@@ -6,6 +6,7 @@ Plain HTTP (``http.client``) and the allow-list unpickler; no eval client.
 from __future__ import annotations
 
 import json
+import pickle
 import subprocess
 import time
 from pathlib import Path
@@ -493,3 +494,139 @@ def test_worker_id_quirks_and_busy_reset_leak(raw_factory: Any) -> None:
         assert second["obs"]["episode_id"].endswith("/001")
         _, status = raw.get_json("/status")
         assert status["data"]["in_progress_episodes"] == 2  # 000 leaked, 001 running
+
+
+# ======================================================================= unknown workers ====
+# A worker id the server does not know (never created, killed, or lost in a server restart),
+# route by route, as the real server answers (facts §1.1 errors, §2 route notes).
+
+_NO_JOB = "No job started. Call start_new_job first."
+
+
+def _bare_500(raw: Raw, path: str, obj: Any) -> None:
+    """A bare text 500 (FastAPI's answer for an exception the route does not format)."""
+    st, hdr, data = raw.request("POST", path, pickle.dumps(obj), ctype="application/octet-stream")
+    assert (st, data) == (500, b"Internal Server Error")
+    assert hdr["content-type"].startswith("text/plain")
+
+
+def _ready_worker(raw: Raw, wid: str = "0") -> dict[str, Any]:
+    raw.pickle_post("/reset", {"worker_ids": [wid]})
+    return poll_reset(raw, [wid])[wid]
+
+
+@pytest.mark.parametrize(
+    "route", ["step", "step_chunk", "reset", "reset_result", "kill", "create_workers"]
+)
+def test_unknown_worker_answers_like_the_real_server(route: str, raw_factory: Any) -> None:
+    with serve_testbed(tasks=("testbed/smoke",), run_id="unk") as tb:
+        raw = raw_factory(tb.url)
+        _ready_worker(raw)  # a known worker next to the unknown one
+        steps = tb.stats.total_steps
+        if route == "step":
+            # /step stringifies ids, then looks the worker up: a KeyError, formatted (§1.1)
+            assert raw.pickle_post("/step", {"7": _zero_action()}) == (
+                500, {"detail": "KeyError: '7'"})
+            assert raw.pickle_post("/step", {7: _zero_action()}) == (
+                500, {"detail": "KeyError: '7'"})
+            # one failure fails the whole request and loses the others' results, though they
+            # advanced (§2 /step)
+            assert raw.pickle_post("/step", {"0": _zero_action(), "7": _zero_action()}) == (
+                500, {"detail": "KeyError: '7'"})
+            assert tb.stats.steps_by_worker["0"] == 1
+            st, resp = raw.pickle_post("/step", {"0": _zero_action()})
+            assert st == 200 and resp["0"]["obs"]["timestep"] == 2
+        elif route == "step_chunk":
+            # the KeyError is not one of the types /step_chunk formats: bare text (§1.1)
+            _bare_500(raw, "/step_chunk", [{"7": _zero_action()}])
+            _bare_500(raw, "/step_chunk", [{7: _zero_action()}] * 3)
+            _bare_500(raw, "/step_chunk", [{"0": _zero_action(), "7": _zero_action()}])
+        elif route == "reset":
+            # /reset creates missing workers (§2)
+            st, resp = raw.pickle_post("/reset", {"worker_ids": [7]})
+            assert st == 200 and resp["7"]["reset_pending"] is True
+            assert "7" in raw.get_json("/status")[1]["data"]["active_workers"]
+        elif route == "reset_result":
+            # nothing pending for it: the whole call fails (§2), a pending reset listed with it
+            # is not consumed
+            assert raw.pickle_post("/reset_result", {"worker_ids": ["7"]}) == (
+                500, {"detail": "ValueError: worker 7 has no pending reset result"})
+            raw.json_post("/kill", {"data": {"worker_ids": ["0"]}})
+            raw.pickle_post("/reset", {"worker_ids": ["0"]})
+            time.sleep(0.2)  # the reset has finished: its result is stored
+            assert raw.pickle_post("/reset_result", {"worker_ids": ["0", "7"]}) == (
+                500, {"detail": "ValueError: worker 7 has no pending reset result"})
+            assert poll_reset(raw, ["0"])["0"]["obs"]["timestep"] == 0
+        elif route == "kill":
+            # unknown ids are accepted, nothing happens (§2)
+            kills = tb.stats.kills
+            assert raw.json_post("/kill", {"data": {"worker_ids": ["7", 7]}}) == (
+                200, {"data": {"success": True}})
+            assert tb.stats.kills == kills
+            st, resp = raw.pickle_post("/step", {"0": _zero_action()})
+            assert st == 200
+        else:
+            assert raw.json_post("/create_workers", {"data": {"worker_ids": ["7"]}}) == (
+                200, {"data": {"success": True}})
+            assert "7" in raw.get_json("/status")[1]["data"]["active_workers"]
+        assert tb.stats.total_steps >= steps  # (no route above stepped the unknown worker)
+
+
+@pytest.mark.parametrize("route", ["step", "step_chunk", "reset", "reset_result", "kill"])
+def test_unknown_worker_without_a_job(route: str, raw_factory: Any) -> None:
+    # A server with no job yet (a real one after a restart, until /start_new_job).
+    with serve_testbed(job=False) as tb:
+        raw = raw_factory(tb.url)
+        expected: tuple[int, Any] = {
+            "step": (500, {"detail": f"ValueError: {_NO_JOB}"}),
+            # ValueError is one of the types /step_chunk formats, as str(e) only (§1.1)
+            "step_chunk": (500, {"detail": _NO_JOB}),
+            "reset": (500, {"detail": f"ValueError: {_NO_JOB}"}),
+            "reset_result": (500, {"detail": f"ValueError: {_NO_JOB}"}),
+            "kill": (200, {"data": {"success": True}}),
+        }[route]
+        if route == "kill":
+            assert raw.json_post("/kill", {"data": {"worker_ids": ["0"]}}) == expected
+        else:
+            body: Any = {
+                "step": {"0": _zero_action()},
+                "step_chunk": [{"0": _zero_action()}],
+                "reset": {"worker_ids": ["0"]},
+                "reset_result": {"worker_ids": ["0"]},
+            }[route]
+            assert raw.pickle_post(f"/{route}", body) == expected
+        data = raw.get_json("/status")[1]["data"]
+        assert data["status"] == "idle" and data["benchmark_id"] is None and data["run_id"] is None
+        assert data["active_workers"] == []
+
+
+def test_restarted_server_knows_no_worker_and_resumes_the_run(tmp_path: Path, raw_factory: Any) -> None:
+    """A new server process on the same results tree and run id (what a restart is): the old
+    process's workers are unknown on every route, the run resumes from disk (finished seeds kept),
+    and a seed the dead process held stays locked until its lock goes stale (§9.2, §12.1)."""
+    with serve_testbed(tasks=("testbed/smoke",), run_id="rs", results_root=tmp_path) as old:
+        raw = raw_factory(old.url)
+        first = _ready_worker(raw)
+        assert first["obs"]["episode_id"].endswith("/000")
+        for _ in range(3):
+            assert raw.pickle_post("/step", {"0": _zero_action()})[0] == 200
+        lock = old.run_dir / "testbed/smoke/red_block_easy/000.lock"
+        info = json.loads(lock.read_text())
+    # The dead process's lock: not ours (another pid), fresh.
+    info["pid"] = info["pid"] + 1_000_000
+    lock.write_text(json.dumps(info))
+    with serve_testbed(tasks=("testbed/smoke",), run_id="rs", results_root=tmp_path) as new:
+        raw = raw_factory(new.url)
+        data = raw.get_json("/status")[1]["data"]
+        assert data["run_id"] == "rs" and data["active_workers"] == [] and data["status"] == "idle"
+        assert raw.get_json("/status?refresh=1")[1]["data"]["in_progress_episodes"] == 1
+        assert raw.pickle_post("/step", {"0": _zero_action()}) == (500, {"detail": "KeyError: '0'"})
+        _bare_500(raw, "/step_chunk", [{"0": _zero_action()}])
+        assert raw.pickle_post("/reset_result", {"worker_ids": ["0"]}) == (
+            500, {"detail": "ValueError: worker 0 has no pending reset result"})
+        assert raw.json_post("/kill", {"data": {"worker_ids": ["0"]}})[0] == 200
+        assert lock.exists()  # not this process's: /kill of an unknown id touches nothing
+        # /reset re-creates the worker; the locked seed is skipped, the next one served
+        again = _ready_worker(raw)
+        assert again["obs"]["episode_id"].endswith("/001") and again["obs"]["timestep"] == 0
+        assert new.stats.steps_by_attempt == {again["obs"]["episode_id"]: [0]}

@@ -176,3 +176,123 @@ def test_bad_robot_and_unreadable_files(tmp_path: Path, capsys: pytest.CaptureFi
     assert main(["validate", "--robot", ROBOT, str(empty), str(tmp_path / "missing.json")]) == 4
     out = capsys.readouterr().out
     assert "empty.json: file:" in out and "missing.json: file: expected a readable file" in out
+
+
+# -- hostile files: every one is a finding (exit 4), never a crash (exit 70 or a signal) -------------
+
+_GMP = r"""
+import resource, runpy, sys
+soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+resource.setrlimit(resource.RLIMIT_AS, (min(2 << 30, hard) if hard > 0 else 2 << 30, hard))
+sys.argv = ["gmp", *sys.argv[1:]]
+code = 0
+try:
+    runpy.run_module("genmanip", run_name="__main__", alter_sys=True)
+except SystemExit as exc:
+    code = exc.code if isinstance(exc.code, int) else 1
+finally:
+    sys.stderr.write("\nPEAK_RSS_KIB=%d\n" % resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+sys.exit(code)
+"""
+
+#: Peak RSS a hostile file may add to validating a clean one (the files are up to ~6 MB).
+RSS_BOUND_MIB = 64.0
+
+
+def _gmp_validate(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, float]:
+    """Run the real ``gmp validate`` in a child; (exit code, stdout+stderr, peak RSS MiB)."""
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _GMP, "validate", *args], capture_output=True, text=True,
+        timeout=120, check=False, env={**os.environ, "OPENBLAS_NUM_THREADS": "1", **(env or {})},
+    )
+    rss = 0.0
+    for line in proc.stderr.splitlines():
+        if line.startswith("PEAK_RSS_KIB="):
+            rss = int(line.split("=", 1)[1]) / 1024
+    return proc.returncode, proc.stdout + proc.stderr, rss
+
+
+@pytest.fixture(scope="module")
+def clean_rss(tmp_path_factory: pytest.TempPathFactory) -> float:
+    f = tmp_path_factory.mktemp("clean") / "a.json"
+    f.write_text(json.dumps(action()))
+    code, out, rss = _gmp_validate("--robot", ROBOT, str(f))
+    assert code == 0, out
+    return rss
+
+
+def _deep_tuple_key(n: int) -> bytes:
+    return b"\x80\x04}N" + b"\x85" * n + b"Ns."
+
+
+def _hostile_files() -> list[tuple[str, bytes, str]]:
+    """(file name, content, a fragment of the finding)."""
+    import base64
+    import struct
+
+    eps = b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 8 8\nshowpage\n"
+    deep = b"[" * 100_000 + b"]" * 100_000
+    return [
+        ("deep.json", deep, "nested 100000 levels"),
+        ("deep.jsonl", b'{"action": ' + deep + b"}\n", "nested 100001 levels"),
+        ("deep_nosuffix", deep, "nested 100000 levels"),  # sniffed as JSON, retried as lines
+        ("deep_obj.json", b'{"a":' * 100_000 + b"1" + b"}" * 100_000, "nested 100000 levels"),
+        ("many.json", b"[" + b"[]," * 500_000 + b"0]", "arrays/objects exceed"),
+        ("many.jsonl", b"[" + b"{}," * 500_000 + b"0]\n", "arrays/objects exceed"),
+        ("key10k.pkl", _deep_tuple_key(10_000), "nested deeper than 64"),
+        ("key200k.pkl", _deep_tuple_key(200_000), "nested deeper than 64"),
+        ("member.pkl", b"\x80\x04\x8f(N" + b"\x85" * 200_000 + b"\x90.", "nested deeper than 64"),
+        ("sets.pkl", b"\x80\x04" + b"\x8f" * 4_000_000 + b"N.", "containers"),
+        ("lists.pkl", b"\x80\x04(" + b"]" * 4_000_000 + b"l.", "containers"),
+        ("marks.pkl", b"\x80\x04" + b"(" * 4_000_000 + b"N.", "MARKs nested"),
+        ("lists.msgpack", b"\xdd" + struct.pack(">I", 4_000_000) + b"\x90" * 4_000_000, "values"),
+        ("deep.msgpack", b"\x91" * 100_000 + b"\xc0", "nested"),
+        ("frame.gmpk", struct.pack("<4sBBHII", b"GMPK", 1, 0, 0, 0, 4_000_005)
+         + b"\xdd" + struct.pack(">I", 4_000_000) + b"\x80" * 4_000_000, "values"),
+        ("zero.pkl", pickle.dumps({"type": "numpy_array", "dtype": "float32",
+                                   "shape": [0, 2**40], "data": ""}), "exceeds the limit"),
+        ("zero3.pkl", pickle.dumps({"state.joints": {"type": "numpy_array", "dtype": "float32",
+                                                     "shape": [2**31, 0, 2**31], "data": ""}}),
+         "exceeds the limit"),
+        ("eps.pkl", pickle.dumps({"type": "image", "data": base64.b64encode(eps).decode()}),
+         "not a JPEG/PNG image (PostScript/EPS)"),
+        ("frame.pkl", pickle.dumps({"video.x_view": {"type": "jpeg_bytes", "dtype": "uint8",
+                                                     "shape": [8, 8, 3], "data": eps}}),
+         "not a JPEG image"),
+    ]  # fmt: skip
+
+
+def test_hostile_files_are_findings_in_process(tmp_path: Path) -> None:
+    for name, content, fragment in _hostile_files():
+        f = tmp_path / name
+        f.write_bytes(content)
+        rep = validate_file(f, robot=ROBOT)
+        assert rep.violations, name
+        v = rep.violations[0]
+        assert v.field in ("file", "line") and fragment in v.actual, (name, str(v))
+
+
+def test_hostile_files_through_the_real_command(tmp_path: Path, clean_rss: float) -> None:
+    """Exit 4 (INVALID_INPUT) for every file, never 70 (a bug) or a signal (139 = SIGSEGV, the
+    deep tuple key before), with bounded memory; a fake Ghostscript on PATH never runs."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    sentinel = tmp_path / "gs-ran"
+    gs = bin_dir / "gs"
+    gs.write_text(f"#!/bin/sh\necho \"$@\" >> {sentinel}\nexit 0\n")
+    gs.chmod(0o755)
+    import os
+
+    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    for name, content, fragment in _hostile_files():
+        f = tmp_path / name
+        f.write_bytes(content)
+        code, out, rss = _gmp_validate("--robot", ROBOT, str(f), env=env)
+        assert code == 4, (name, code, out[-1500:])
+        assert fragment in out and "internal error" not in out, (name, out[-1500:])
+        assert rss - clean_rss <= RSS_BOUND_MIB, (name, rss, clean_rss)
+    assert not sentinel.exists()

@@ -23,6 +23,7 @@ from .episode import EpisodeSeries, load_series
 from .errors import (
     AlignmentError,
     ArtifactsUsageError,
+    CacheDirNotGmpError,
     EpisodeDataError,
     GenmanipArtifactsError,
     PlotFailures,
@@ -49,6 +50,7 @@ __all__ = [
     "STATE_PLOT",
     "AlignmentError",
     "ArtifactsUsageError",
+    "CacheDirNotGmpError",
     "CleanItem",
     "CleanPlan",
     "CleanReport",

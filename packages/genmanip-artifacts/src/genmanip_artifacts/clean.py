@@ -1,62 +1,100 @@
 """Safe cleanup of generated files: plan first (a dry run), then delete exactly the plan.
 
-What counts as generated (categories):
+The rule: delete only what gmp **provably** created (:mod:`genmanip_results.provenance`). A name
+proves nothing (a user's folder may hold a ``state_plot.png``); the evidence is written at
+creation:
 
-* ``viewer-cache``: ``.genmanip_vis.*`` files (the results browser's recordings and their
-  sidecars/partials), anywhere under the root, results trees included.
+* ``viewer-cache``: ``.genmanip_vis.*`` files (the results browser's recordings, sidecars,
+  partials) anywhere under the root, results trees included, that their directory's
+  ``.gmp-generated.jsonl`` manifest registers (same inode, size and mtime as when gmp wrote them;
+  a partial: registered before it was created, and older than one hour).
 * ``plots`` (only with ``plots=True``): ``action_plot.png``, ``state_plot.png``,
-  ``merged_with_plot.mp4`` (+ its ``.part``), ``plot.log`` and the reference client's
-  ``merged_with_plot_<8 hex>.mp4``, in episode directories or in directories holding a plot.log
-  written by this package.
-* ``tmp``: ``*.tmp`` files older than one hour, outside the results trees (the root's known trees
-  ``saved/eval_results``, ``client_results``, ``gmp-demo``, ``$GENMANIP_RESULT_DIR`` and every run
-  discovery finds: :mod:`genmanip_results.roots`) and outside protected dirs.
+  ``merged_with_plot.mp4`` (+ its ``.part``) and ``plot.log`` that the manifest registers, in
+  any directory (episode directories and ``gmp plot --out`` directories alike).
+* ``tmp``: temporaries of gmp's atomic writes (``.<name>.<12 hex>.tmp``) older than one hour,
+  only inside results trees (the root's known trees ``saved/eval_results``, ``client_results``,
+  ``gmp-demo``, ``$GENMANIP_RESULT_DIR`` and every run discovery finds:
+  :mod:`genmanip_results.roots`) and at the top of gmp's cache directory. Any other ``*.tmp`` is
+  not gmp's and is never looked at.
 * ``logs``, ``mesh-cache``, ``download-cache`` (the latter only with ``all_caches=True``): the
-  contents of ``<cache>/logs``, ``<cache>/meshes`` and ``<cache>/downloads`` of this project's cache
-  directory (:func:`default_cache_dir`). The server layout's ``logs/`` is never touched.
+  contents of ``logs/``, ``meshes/`` and ``downloads/`` of gmp's cache directory
+  (:func:`default_cache_dir`), and only when that directory carries gmp's Cache Directory Tag
+  (written when gmp creates it). A ``cache_dir`` named explicitly without it raises
+  :class:`~genmanip_artifacts.errors.CacheDirNotGmpError`. The server layout's ``logs/`` is never
+  touched.
 * ``results`` (only with ``results=True``): whole runs of ``saved/eval_results`` that are not live
   (no fresh lock, no recent writes) and were submitted to a leaderboard (``submitted.flag``), or
   not submitted when ``force=True``. A live run is refused even with ``force``.
 
-Never: following a symlink (a generated symlink is removed, its target never), descending into
-``saved/tasks`` / ``saved/demonstrations`` / VCS or virtualenv dirs, deleting a fresh lock, deleting
-write-protected files (they are reported as refused), or anything else in a results tree.
+A file named like a generated one but not proven (made by an older gmp that wrote no manifest,
+or by someone else) is listed as a :class:`Refusal` with reason :data:`NOT_PROVEN` and kept.
+
+Everything below the root (and the cache directory) is walked and deleted through directory
+descriptors with no-follow semantics (:mod:`genmanip_results.fdwalk`): a directory swapped for a
+symlink between planning and deleting — or during either — is never entered, and each deletion
+re-checks that the entry is still the inode that was planned. Never: following a symlink,
+descending into ``saved/tasks`` / ``saved/demonstrations`` / VCS or virtualenv dirs, deleting a
+fresh lock, deleting write-protected files (they are reported as refused), or anything else in a
+results tree.
 """
 
 from __future__ import annotations
 
-import errno
+import dataclasses
 import os
 import re
 import stat
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from genmanip_protocol.errors import GenmanipError
+from genmanip_results.fdwalk import (
+    DirListing,
+    Entry,
+    Ident,
+    RemovalVetoed,
+    WalkRefused,
+    ident,
+    kind_of,
+    list_dir,
+    lstat_at,
+    open_dir_at,
+    open_dirs,
+    open_top,
+    remove_tree,
+    walk,
+)
 from genmanip_results.layout import (
+    CACHE_DIR_TAG,
     EVAL_RESULTS_DIR,
-    INCOMPLETE,
+    GENERATED_MANIFEST,
     LOCK_SUFFIX,
-    META_RECORD,
     RESULT_INFO,
-    RESULT_JSON,
     SAVED_DIR,
     SERVER_INPUT_DIRS,
-    STEPS_JSONL,
     SUBMITTED_FLAG,
     VIEWER_CACHE_PREFIX,
 )
-from genmanip_results.paths import is_within
+from genmanip_results.provenance import (
+    CATEGORY_PLOTS,
+    CATEGORY_VIEWER_CACHE,
+    Manifest,
+    is_gmp_cache_dir,
+    is_gmp_tmp_name,
+    prune_manifest,
+    read_manifest,
+)
 from genmanip_results.roots import known_trees
 
-from .errors import ArtifactsUsageError
-from .plot import MERGED_VIDEO, PLOT_LOG, PLOT_LOG_SIGNATURE, PLOT_OUTPUTS
+from .errors import ArtifactsUsageError, CacheDirNotGmpError
+from .plot import MERGED_VIDEO, PLOT_OUTPUTS
 
 __all__ = [
     "CATEGORIES",
+    "NOT_PROVEN",
     "CleanItem",
     "CleanPlan",
     "CleanReport",
@@ -69,13 +107,17 @@ __all__ = [
 
 CATEGORIES = ("viewer-cache", "plots", "logs", "tmp", "mesh-cache", "download-cache", "results")
 
+#: The reason of a :class:`Refusal` for a file named like a generated one that no provenance
+#: record covers (an older gmp's output, or a user's file).
+NOT_PROVEN = "not provably gmp's: kept"
+
 TMP_MAX_AGE_S = 3600.0
 #: Same rule as the server: a lock untouched for 300 s is stale.
 LOCK_STALE_S = 300.0
 
+# The reference client's overlay video: named like a plot but never gmp's (listed, kept).
 _REFERENCE_MERGED = re.compile(r"^merged_with_plot_[0-9a-f]{8}\.mp4$")
 _PLOT_NAMES = frozenset((*PLOT_OUTPUTS, MERGED_VIDEO + ".part"))
-_EPISODE_MARKERS = (STEPS_JSONL, RESULT_JSON, RESULT_INFO, META_RECORD, INCOMPLETE)
 # Never descended into: other people's trees that happen to sit under a project root.
 _SKIP_DIRS = frozenset(
     {
@@ -95,6 +137,8 @@ _SKIP_DIRS = frozenset(
 )
 _PROTECTED = tuple((SAVED_DIR, name) for name in SERVER_INPUT_DIRS)
 _CACHE_SUBDIRS = (("logs", "logs"), ("meshes", "mesh-cache"), ("downloads", "download-cache"))
+_PROVEN_CATEGORIES = frozenset((CATEGORY_PLOTS, CATEGORY_VIEWER_CACHE))
+_CHANGED = "changed since it was listed; left alone"
 
 Kind = Literal["file", "dir", "symlink"]
 
@@ -122,13 +166,22 @@ def format_size(n: int) -> str:
 
 @dataclass(frozen=True)
 class CleanItem:
-    """One thing to delete. ``size`` is in bytes (a directory: its regular files; a link: 0)."""
+    """One thing to delete. ``size`` is in bytes (a directory: its regular files; a link: 0).
+
+    ``base`` (the root or the cache directory), ``rel`` (the path below it), ``ident`` and
+    ``parent_ident`` (``(dev, ino)`` of the entry and of its directory when planned) let
+    :func:`execute_clean` find exactly this entry again by descriptor, never by a path that
+    could have been redirected."""
 
     path: Path
     category: str
     size: int
     kind: Kind
     note: str = ""
+    base: Path | None = None
+    rel: tuple[str, ...] = ()
+    ident: Ident | None = None
+    parent_ident: Ident | None = None
 
 
 @dataclass(frozen=True)
@@ -148,6 +201,9 @@ class CleanPlan:
     cache_dir: Path
     items: list[CleanItem] = field(default_factory=list)
     refused: list[Refusal] = field(default_factory=list)
+    #: ``(dev, ino)`` of the root and the cache directory when planned.
+    root_ident: Ident | None = None
+    cache_ident: Ident | None = None
 
     @property
     def total_bytes(self) -> int:
@@ -184,64 +240,53 @@ def _write_protected(st: os.stat_result) -> bool:
     return not (st.st_mode & stat.S_IWUSR)
 
 
-def _lstat_walk(top: Path, skip: Callable[[str], bool] = lambda name: False) -> Iterator[tuple[Path, os.stat_result]]:
-    """Every entry under ``top`` with its ``lstat``; descends into real directories only (never
-    through a symlink) and not into entries whose name ``skip`` rejects. Unreadable entries are
-    passed over."""
-    stack = [top]
-    while stack:
-        d = stack.pop()
-        try:
-            with os.scandir(d) as it:
-                entries = list(it)
-        except OSError:
-            continue
-        for e in entries:
-            if skip(e.name):
-                continue
-            try:
-                st = e.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            if stat.S_ISDIR(st.st_mode):
-                stack.append(Path(e.path))
-            yield Path(e.path), st
-
-
-def _tree_size(path: Path) -> tuple[int, Path | None]:
-    """(bytes of regular files under ``path`` without following links, first write-protected entry)."""
+def _tree_size(parent_fd: int, entry: Entry) -> tuple[int, str | None]:
+    """(bytes of regular files in the directory ``entry`` of ``parent_fd``, without following
+    links; name of its first write-protected entry, or None)."""
     total = 0
-    protected: Path | None = None
-    for p, st in _lstat_walk(path):
-        if stat.S_ISLNK(st.st_mode):
-            continue
-        if protected is None and _write_protected(st):
-            protected = p
-        if stat.S_ISREG(st.st_mode):
-            total += st.st_size
+    protected: str | None = None
+    fd = open_dir_at(parent_fd, entry.name, expect=entry.ident, rel=entry.rel)
+    try:
+        for listing in walk(fd):
+            for e in listing.entries:
+                if e.kind == "symlink":
+                    continue
+                if protected is None and _write_protected(e.st):
+                    protected = e.name
+                if e.kind == "file":
+                    total += e.st.st_size
+    finally:
+        os.close(fd)
     return total, protected
 
 
-def _newest_activity(run_dir: Path) -> float:
-    """Newest mtime in a run, ignoring what is written after a run ends (submission flag, viewer
-    caches, plots) and the locks (checked separately)."""
-
-    def after_the_run(name: str) -> bool:
-        return (
-            name == SUBMITTED_FLAG
-            or name.startswith(VIEWER_CACHE_PREFIX)
-            or name.endswith(LOCK_SUFFIX)
-            or name in _PLOT_NAMES
-        )
-
-    # A directory's mtime moves when a plot or cache is added: only files count.
-    return max(
-        (st.st_mtime for _, st in _lstat_walk(run_dir, after_the_run) if not stat.S_ISDIR(st.st_mode)),
-        default=0.0,
+def _after_the_run(name: str) -> bool:
+    """Written after a run ends (submission flag, viewer caches, plots, their manifest) or a lock
+    (checked separately): does not make a run live."""
+    return (
+        name in (SUBMITTED_FLAG, GENERATED_MANIFEST)
+        or name.startswith(VIEWER_CACHE_PREFIX)
+        or name.endswith(LOCK_SUFFIX)
+        or name in _PLOT_NAMES
     )
 
 
-def _fresh_locks(run_dir: Path, now: float) -> list[str]:
+def _seed_done(lock_dir_fd: int, lock_name: str) -> bool:
+    """``<seed>/result_info.json`` exists next to ``<seed>.lock`` (read by descriptor)."""
+    seed = lock_name[: -len(LOCK_SUFFIX)]
+    try:
+        fd = open_dir_at(lock_dir_fd, seed)
+    except (OSError, WalkRefused):
+        return False
+    try:
+        return stat.S_ISREG(lstat_at(fd, RESULT_INFO).st_mode)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _fresh_locks(run_fd: int, run_dir: Path, now: float) -> list[str]:
     """Fresh lock files in a run: the shared reader's verdict plus a direct mtime check."""
     out: list[str] = []
     try:
@@ -250,37 +295,38 @@ def _fresh_locks(run_dir: Path, now: float) -> list[str]:
         for lock in read_locks(run_dir, now=now, stale_after=LOCK_STALE_S):
             if not lock.stale:
                 out.append(os.path.relpath(lock.path, run_dir))
-    except GenmanipError:
+    except (GenmanipError, OSError):
         pass
     # Independent of the JSON content: a lock file touched recently is live, whatever it says.
-    for p in _iter_files(run_dir):
-        if p.name.endswith(LOCK_SUFFIX):
-            try:
-                st = p.lstat()
-            except OSError:
+    for listing in walk(run_fd):
+        for e in listing.entries:
+            if e.kind == "dir" or not e.name.endswith(LOCK_SUFFIX):
                 continue
-            rel = os.path.relpath(p, run_dir)
-            if now - st.st_mtime < LOCK_STALE_S and rel not in out:
-                seed_done = (p.parent / p.name[: -len(LOCK_SUFFIX)] / RESULT_INFO).exists()
-                if not seed_done:
+            rel = "/".join(e.rel)
+            if now - e.st.st_mtime < LOCK_STALE_S and rel not in out:
+                if not _seed_done(listing.fd, e.name):
                     out.append(rel)
     return sorted(set(out))
 
 
-def _iter_files(root: Path) -> Iterator[Path]:
-    """Every non-directory entry under ``root`` (symlinks included, never followed)."""
-    for p, st in _lstat_walk(root):
-        if not stat.S_ISDIR(st.st_mode):
-            yield p
+def _newest_activity(run_fd: int) -> float:
+    """Newest mtime of a file in a run, ignoring what is written after a run ends."""
+    newest = 0.0
+    for listing in walk(run_fd):
+        for e in listing.entries:
+            # A directory's mtime moves when a plot or cache is added: only files count.
+            if e.kind != "dir" and not _after_the_run(e.name):
+                newest = max(newest, e.st.st_mtime)
+    return newest
 
 
-def _run_liveness(run_dir: Path, now: float) -> str | None:
+def _run_liveness(run_fd: int, run_dir: Path, now: float) -> str | None:
     """Why the run counts as live, or None."""
-    locks = _fresh_locks(run_dir, now)
+    locks = _fresh_locks(run_fd, run_dir, now)
     if locks:
         more = f" (+{len(locks) - 1} more)" if len(locks) > 1 else ""
         return f"live run: fresh lock {locks[0]}{more}"
-    age = now - _newest_activity(run_dir)
+    age = now - _newest_activity(run_fd)
     if age < LOCK_STALE_S:
         return f"live run: written {int(age)} s ago"
     return None
@@ -299,86 +345,101 @@ class _Ctx:
     seen: set[str]
 
 
-def _add(ctx: _Ctx, path: Path, category: str, st: os.stat_result, note: str = "") -> None:
+def _add(
+    ctx: _Ctx, base: Path, listing: DirListing, e: Entry, category: str, *, note: str = ""
+) -> None:
+    path = base.joinpath(*e.rel)
     key = os.path.abspath(path)
     if key in ctx.seen:
         return
     ctx.seen.add(key)
-    if stat.S_ISLNK(st.st_mode):
-        ctx.plan.items.append(CleanItem(path, category, 0, "symlink", note))
-        return
-    if _write_protected(st):
+
+    def item(size: int, kind: Kind) -> CleanItem:
+        return CleanItem(
+            path, category, size, kind, note,
+            base=base, rel=e.rel, ident=e.ident, parent_ident=listing.ident,
+        )  # fmt: skip
+
+    kind = e.kind
+    if kind == "symlink":
+        ctx.plan.items.append(item(0, "symlink"))
+    elif kind == "other":
+        ctx.plan.refused.append(Refusal(path, category, "not a regular file (kept)"))
+    elif _write_protected(e.st):
         ctx.plan.refused.append(Refusal(path, category, "write-protected (kept)"))
-        return
-    if stat.S_ISDIR(st.st_mode):
-        size, protected = _tree_size(path)
+    elif kind == "dir":
+        try:
+            size, protected = _tree_size(listing.fd, e)
+        except (OSError, WalkRefused) as exc:
+            ctx.plan.refused.append(Refusal(path, category, f"unreadable ({exc}); kept"))
+            return
         if protected is not None:
             ctx.plan.refused.append(
-                Refusal(path, category, f"contains write-protected {protected.name} (kept)")
+                Refusal(path, category, f"contains write-protected {protected} (kept)")
             )
             return
-        ctx.plan.items.append(CleanItem(path, category, size, "dir", note))
+        ctx.plan.items.append(item(size, "dir"))
     else:
-        ctx.plan.items.append(CleanItem(path, category, st.st_size, "file", note))
+        ctx.plan.items.append(item(e.st.st_size, "file"))
 
 
 def _in_results(path: str, ctx: _Ctx) -> bool:
     return any(path == r or path.startswith(r + os.sep) for r in ctx.results_dirs)
 
 
-def _plot_dir(names: set[str], dir_path: Path) -> bool:
-    if any(m in names for m in _EPISODE_MARKERS):
-        return True
-    if PLOT_LOG in names:
-        try:
-            with open(dir_path / PLOT_LOG, encoding="utf-8", errors="replace") as f:
-                return f.readline().strip() == PLOT_LOG_SIGNATURE
-        except OSError:
-            return False
-    return False
+def _descend_root(e: Entry) -> bool:
+    return e.name not in _SKIP_DIRS and not any(e.rel[-len(p) :] == p for p in _PROTECTED)
 
 
-def _walk_root(ctx: _Ctx) -> None:
-    root = ctx.root
-    stack: list[Path] = [root]
-    while stack:
-        d = stack.pop()
-        try:
-            with os.scandir(d) as it:
-                entries = sorted(it, key=lambda e: e.name)
-        except OSError:
-            continue
-        names = {e.name for e in entries}
-        in_results = _in_results(os.path.abspath(d), ctx)
-        plot_dir = ctx.plots and _plot_dir(names, d)
-        for e in entries:
-            path = Path(e.path)
-            try:
-                st = e.stat(follow_symlinks=False)
-            except OSError:
+def _generated_category(name: str, plots: bool) -> str | None:
+    """The category a file of this name would be, if provenance proves it gmp's."""
+    if name.startswith(VIEWER_CACHE_PREFIX):
+        return CATEGORY_VIEWER_CACHE
+    if plots and (name in _PLOT_NAMES or _REFERENCE_MERGED.match(name)):
+        return CATEGORY_PLOTS
+    return None
+
+
+def _judge_generated(
+    ctx: _Ctx, listing: DirListing, manifest: Manifest, e: Entry, category: str
+) -> None:
+    path = ctx.root.joinpath(*e.rel)
+    if not manifest.proves(e.name, e.st, category):
+        key = os.path.abspath(path)
+        if key not in ctx.seen:
+            ctx.seen.add(key)
+            ctx.plan.refused.append(Refusal(path, category, NOT_PROVEN))
+        return
+    rec = manifest.records[e.name]
+    if rec.partial and ctx.now - e.st.st_mtime < TMP_MAX_AGE_S:
+        # A partial younger than an hour may still be being written by a running gmp.
+        return
+    _add(ctx, ctx.root, listing, e, category, note="partial" if rec.partial else "")
+
+
+def _walk_root(ctx: _Ctx, root_fd: int) -> None:
+    for listing in walk(root_fd, descend=_descend_root):
+        in_results = _in_results(os.path.join(ctx.root, *listing.rel), ctx)
+        manifest: Manifest | None = None
+        for e in listing.entries:
+            if e.kind == "dir":
                 continue
-            is_link = stat.S_ISLNK(st.st_mode)
-            if stat.S_ISDIR(st.st_mode):
-                rel = path.relative_to(root).parts
-                if e.name in _SKIP_DIRS or any(rel[-len(p) :] == p for p in _PROTECTED):
-                    continue
-                stack.append(path)
-                continue
-            name = e.name
-            if name.startswith(VIEWER_CACHE_PREFIX):
-                _add(ctx, path, "viewer-cache", st)
-            elif plot_dir and (name in _PLOT_NAMES or _REFERENCE_MERGED.match(name)):
-                _add(ctx, path, "plots", st)
+            category = _generated_category(e.name, ctx.plots)
+            if category is not None:
+                if manifest is None:
+                    manifest = read_manifest(listing.fd)
+                _judge_generated(ctx, listing, manifest, e, category)
             elif (
-                name.endswith(".tmp")
-                and not in_results
-                and not is_link
-                and ctx.now - st.st_mtime > TMP_MAX_AGE_S
+                in_results
+                and e.kind == "file"
+                and is_gmp_tmp_name(e.name)
+                and ctx.now - e.st.st_mtime > TMP_MAX_AGE_S
             ):
-                _add(ctx, path, "tmp", st, note=f"{int((ctx.now - st.st_mtime) // 3600)} h old")
+                hours = int((ctx.now - e.st.st_mtime) // 3600)
+                _add(ctx, ctx.root, listing, e, "tmp", note=f"{hours} h old")
 
 
-def _plan_cache(ctx: _Ctx, cache_dir: Path, all_caches: bool) -> None:
+def _plan_cache(ctx: _Ctx, cache_dir: Path, all_caches: bool, explicit: bool) -> None:
     try:
         st = os.lstat(cache_dir)
     except OSError:
@@ -390,41 +451,61 @@ def _plan_cache(ctx: _Ctx, cache_dir: Path, all_caches: bool) -> None:
             )
         )
         return
-    for sub, category in _CACHE_SUBDIRS:
-        if category == "download-cache" and not all_caches:
-            continue
-        d = cache_dir / sub
-        try:
-            dst = os.lstat(d)
-        except OSError:
-            continue
-        if stat.S_ISLNK(dst.st_mode) or not stat.S_ISDIR(dst.st_mode):
-            ctx.plan.refused.append(
-                Refusal(d, category, "a symlink or not a directory; not followed")
-            )
-            continue
-        try:
-            with os.scandir(d) as it:
-                entries = sorted(it, key=lambda e: e.name)
-        except OSError as exc:
-            ctx.plan.refused.append(Refusal(d, category, f"unreadable ({exc.strerror})"))
-            continue
-        for e in entries:
-            try:
-                est = e.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            _add(ctx, Path(e.path), category, est)
-    # Stale temporaries at the top of the cache directory (interrupted downloads, atomic writes).
     try:
-        with os.scandir(cache_dir) as it:
-            for e in it:
-                if e.name.endswith(".tmp") and e.is_file(follow_symlinks=False):
-                    est = e.stat(follow_symlinks=False)
-                    if ctx.now - est.st_mtime > TMP_MAX_AGE_S:
-                        _add(ctx, Path(e.path), "tmp", est)
-    except OSError:
-        pass
+        fd = open_top(cache_dir, follow=False)
+    except (OSError, WalkRefused) as exc:
+        ctx.plan.refused.append(Refusal(cache_dir, "cache", f"cannot open ({exc}); kept"))
+        return
+    try:
+        top = list_dir(fd)
+        if not is_gmp_cache_dir(fd):
+            if explicit:
+                raise CacheDirNotGmpError(cache_dir)
+            if any(sub in top.names for sub, _ in _CACHE_SUBDIRS):
+                ctx.plan.refused.append(
+                    Refusal(
+                        cache_dir,
+                        "cache",
+                        f"not provably gmp's cache directory (no gmp {CACHE_DIR_TAG}): kept",
+                    )
+                )
+            return
+        ctx.plan.cache_ident = top.ident
+        by_name = {e.name: e for e in top.entries}
+        for sub, category in _CACHE_SUBDIRS:
+            if category == "download-cache" and not all_caches:
+                continue
+            d = cache_dir / sub
+            sub_entry = by_name.get(sub)
+            if sub_entry is None:
+                continue
+            if sub_entry.kind != "dir":
+                ctx.plan.refused.append(
+                    Refusal(d, category, "a symlink or not a directory; not followed")
+                )
+                continue
+            try:
+                sfd = open_dir_at(fd, sub, expect=sub_entry.ident, rel=(sub,))
+            except (OSError, WalkRefused) as exc:
+                ctx.plan.refused.append(Refusal(d, category, f"unreadable ({exc})"))
+                continue
+            try:
+                # Relative to the cache dir: the entries' ``rel`` is below ``sub``.
+                listing = list_dir(sfd, (sub,))
+                for e in listing.entries:
+                    _add(ctx, cache_dir, listing, e, category)
+            finally:
+                os.close(sfd)
+        # Stale temporaries of gmp's atomic writes at the top of the cache directory.
+        for e in top.entries:
+            if (
+                e.kind == "file"
+                and is_gmp_tmp_name(e.name)
+                and ctx.now - e.st.st_mtime > TMP_MAX_AGE_S
+            ):
+                _add(ctx, cache_dir, top, e, "tmp")
+    finally:
+        os.close(fd)
 
 
 def _results_trees(root: Path) -> list[str]:
@@ -437,12 +518,12 @@ def _results_trees(root: Path) -> list[str]:
 
         for run in find_runs(root):
             trees.add(os.path.abspath(run.path))
-    except GenmanipError:
+    except (GenmanipError, OSError):
         pass
     return sorted(trees)
 
 
-def _plan_results(ctx: _Ctx, force: bool) -> None:
+def _plan_results(ctx: _Ctx, root_fd: int, force: bool) -> None:
     base = ctx.root / SAVED_DIR / EVAL_RESULTS_DIR
     try:
         bst = os.lstat(base)
@@ -459,41 +540,73 @@ def _plan_results(ctx: _Ctx, force: bool) -> None:
         path = Path(run.path)
         if run.layout != "server":
             continue
-        # (the parent: a run directory that is itself a symlink is refused just below)
-        if not is_within(path.parent, base):
+        rel = tuple(Path(os.path.relpath(os.path.abspath(path), ctx.root)).parts)
+        if len(rel) < 3 or rel[:2] != (SAVED_DIR, EVAL_RESULTS_DIR) or ".." in rel:
             ctx.plan.refused.append(
                 Refusal(path, "results", "outside saved/eval_results; not followed")
             )
             continue
-        st = os.lstat(path)
-        if stat.S_ISLNK(st.st_mode):
+        try:
+            parent_fd = open_dirs(root_fd, rel[:-1])
+        except WalkRefused:
             ctx.plan.refused.append(
-                Refusal(path, "results", "run directory is a symlink; not followed")
+                Refusal(path, "results", "outside saved/eval_results; not followed")
             )
             continue
-        live = _run_liveness(path, ctx.now)
-        if live is not None:
-            ctx.plan.refused.append(
-                Refusal(path, "results", live + " (never deleted, even with --force)")
-            )
+        except OSError:
             continue
-        if run.submitted is None and not force:
-            ctx.plan.refused.append(
-                Refusal(
-                    path,
-                    "results",
-                    "not submitted to a leaderboard (no submitted.flag); --force deletes it",
+        try:
+            try:
+                st = lstat_at(parent_fd, rel[-1])
+            except OSError:
+                continue
+            if stat.S_ISLNK(st.st_mode):
+                ctx.plan.refused.append(
+                    Refusal(path, "results", "run directory is a symlink; not followed")
                 )
+                continue
+            if not stat.S_ISDIR(st.st_mode):
+                continue
+            try:
+                run_fd = open_dir_at(parent_fd, rel[-1], expect=ident(st), rel=rel)
+            except (OSError, WalkRefused):
+                continue
+            try:
+                live = _run_liveness(run_fd, path, ctx.now)
+            finally:
+                os.close(run_fd)
+            if live is not None:
+                ctx.plan.refused.append(
+                    Refusal(path, "results", live + " (never deleted, even with --force)")
+                )
+                continue
+            if run.submitted is None and not force:
+                ctx.plan.refused.append(
+                    Refusal(
+                        path,
+                        "results",
+                        "not submitted to a leaderboard (no submitted.flag); --force deletes it",
+                    )
+                )
+                continue
+            note = "submitted" if run.submitted is not None else "NOT submitted (--force)"
+            parent_listing = DirListing(parent_fd, rel[:-1], ident(os.fstat(parent_fd)), [])
+            _add(
+                ctx,
+                ctx.root,
+                parent_listing,
+                Entry(rel[-1], rel, st),
+                "results",
+                note=f"{run.benchmark}/{run.run_id}, {note}",
             )
-            continue
-        note = "submitted" if run.submitted is not None else "NOT submitted (--force)"
-        _add(ctx, path, "results", st, note=f"{run.benchmark}/{run.run_id}, {note}")
-        if ctx.plan.items and ctx.plan.items[-1].path == path:
-            # Plots and viewer caches inside the run go with it: drop their separate entries.
-            prefix = os.path.abspath(path) + os.sep
-            ctx.plan.items = [
-                i for i in ctx.plan.items if not os.path.abspath(i.path).startswith(prefix)
-            ]
+            if ctx.plan.items and ctx.plan.items[-1].path == path:
+                # Plots and viewer caches inside the run go with it: drop their separate entries.
+                prefix = os.path.abspath(path) + os.sep
+                ctx.plan.items = [
+                    i for i in ctx.plan.items if not os.path.abspath(i.path).startswith(prefix)
+                ]
+        finally:
+            os.close(parent_fd)
 
 
 def plan_clean(
@@ -512,11 +625,13 @@ def plan_clean(
         root: the project root to scan (never left: symlinks are not followed).
         plots: also list plot outputs. results: also list whole server-layout runs that may go.
         all_caches: also list the download cache. force: allow unsubmitted (never live) runs.
-        cache_dir: this project's cache directory (default :func:`default_cache_dir`).
+        cache_dir: gmp's cache directory (default :func:`default_cache_dir`); one named here must
+            carry gmp's cache tag.
         now: the clock (tests).
 
     Raises:
         ArtifactsUsageError: the root does not exist or is not a directory.
+        CacheDirNotGmpError: ``cache_dir`` was given and is not gmp's cache directory.
     """
     root = Path(root)
     if not root.is_dir():
@@ -528,101 +643,148 @@ def plan_clean(
     ctx = _Ctx(
         root=root, plots=plots, now=now, results_dirs=_results_trees(root), plan=plan, seen=set()
     )
-    _walk_root(ctx)
-    _plan_cache(ctx, cache, all_caches)
-    if results:
-        _plan_results(ctx, force)
+    try:
+        root_fd = open_top(root)
+    except OSError as exc:
+        raise ArtifactsUsageError(f"{root}: cannot open ({exc.strerror or exc})") from exc
+    try:
+        plan.root_ident = ident(os.fstat(root_fd))
+        _walk_root(ctx, root_fd)
+        _plan_cache(ctx, cache, all_caches, explicit=cache_dir is not None)
+        if results:
+            _plan_results(ctx, root_fd, force)
+    finally:
+        os.close(root_fd)
     return plan
 
 
 # ---------------------------------------------------------------- execution
 
 
-class _LiveLockFound(Exception):
-    pass
+def _lock_veto(now: float) -> Callable[[Entry], str | None]:
+    def veto(e: Entry) -> str | None:
+        if e.name.endswith(LOCK_SUFFIX) and now - e.st.st_mtime < LOCK_STALE_S:
+            return f"live lock {e.name} appeared; stopped"
+        return None
+
+    return veto
 
 
-def _rmtree(parent_fd: int, name: str, now: float) -> None:
-    """Remove ``name`` (relative to ``parent_fd``) recursively without ever following a symlink.
+class _Bases:
+    """The root and the cache directory, opened once each and checked to be what was planned."""
 
-    Directories are opened with O_NOFOLLOW relative to their parent's descriptor, so a directory
-    swapped for a symlink mid-way is unlinked, not entered. A fresh ``*.lock`` aborts the removal.
-    """
+    def __init__(self, plan: CleanPlan) -> None:
+        self.plan = plan
+        self.fds: dict[Path, int] = {}
+
+    def fd(self, base: Path) -> int:
+        if base in self.fds:
+            return self.fds[base]
+        is_root = base == self.plan.root
+        expect = self.plan.root_ident if is_root else self.plan.cache_ident
+        fd = open_top(base, follow=is_root)
+        if expect is not None and ident(os.fstat(fd)) != expect:
+            os.close(fd)
+            raise WalkRefused(str(base), "was replaced since it was listed")
+        self.fds[base] = fd
+        return fd
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
+
+
+def _remove_item(
+    item: CleanItem, parent_fd: int, now: float, report: CleanReport
+) -> bool:
+    """Re-check ``item`` inside its (already verified) directory and remove it; True if removed."""
+    name = item.rel[-1]
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent_fd)
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            os.unlink(name, dir_fd=parent_fd)
-            return
-        raise
-    try:
-        with os.scandir(fd) as it:
-            entries = list(it)
-        for e in entries:
-            if e.is_dir(follow_symlinks=False):
-                _rmtree(fd, e.name, now)
-                continue
-            if e.name.endswith(LOCK_SUFFIX):
-                st = e.stat(follow_symlinks=False)
-                if now - st.st_mtime < LOCK_STALE_S:
-                    raise _LiveLockFound(e.name)
-            os.unlink(e.name, dir_fd=fd)
-    finally:
-        os.close(fd)
-    os.rmdir(name, dir_fd=parent_fd)
-
-
-def _same(st: os.stat_result, item: CleanItem) -> bool:
-    if item.kind == "symlink":
-        return stat.S_ISLNK(st.st_mode)
+        st = lstat_at(parent_fd, name)
+    except FileNotFoundError:
+        return False
+    if kind_of(st) != item.kind or (item.ident is not None and ident(st) != item.ident):
+        report.failed.append((item, _CHANGED))
+        return False
+    if item.category in _PROVEN_CATEGORIES and not read_manifest(parent_fd).proves(
+        name, st, item.category
+    ):
+        report.failed.append((item, "no longer provably gmp's; left alone"))
+        return False
+    if item.kind == "file" and _write_protected(st):
+        report.refused.append(Refusal(item.path, item.category, "write-protected (kept)"))
+        return False
+    veto = None
+    if item.category == "results":
+        try:
+            run_fd = open_dir_at(parent_fd, name, expect=item.ident, rel=item.rel)
+        except WalkRefused:
+            report.failed.append((item, _CHANGED))
+            return False
+        try:
+            live = _run_liveness(run_fd, item.path, now)
+        finally:
+            os.close(run_fd)
+        if live is not None:
+            report.refused.append(Refusal(item.path, "results", live))
+            return False
+        veto = _lock_veto(now)
     if item.kind == "dir":
-        return stat.S_ISDIR(st.st_mode)
-    return stat.S_ISREG(st.st_mode)
+        remove_tree(parent_fd, name, expect=item.ident, veto=veto, rel=item.rel)
+    else:
+        os.unlink(name, dir_fd=parent_fd)
+    return True
 
 
 def execute_clean(plan: CleanPlan, *, now: float | None = None) -> CleanReport:
-    """Delete the items of ``plan`` (nothing else). Each item is re-checked first: it must still be
-    the same kind of thing, inside the root or the cache dir, and a run must still not be live.
-    Failures are collected, never raised."""
+    """Delete the items of ``plan`` (nothing else). Each item is found again by descriptor from
+    the root (or cache dir) without following a symlink, and re-checked first: its directory must
+    be the one planned, it must be the same inode and kind, still provably gmp's, and a run must
+    still not be live. Failures are collected, never raised."""
     report = CleanReport(refused=list(plan.refused))
-    for item in plan.items:
-        t = time.time() if now is None else now
-        path = item.path
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            report.failed.append((item, exc.strerror or str(exc)))
-            continue
-        if not _same(st, item):
-            report.failed.append((item, "changed since it was listed; left alone"))
-            continue
-        # The parent's real location: the item itself may be a symlink (only the link goes).
-        if not (is_within(path.parent, plan.root) or is_within(path.parent, plan.cache_dir)):
-            report.failed.append((item, "no longer inside the root; left alone"))
-            continue
-        if item.category == "results":
-            live = _run_liveness(path, t)
-            if live is not None:
-                report.refused.append(Refusal(path, "results", live))
+    bases = _Bases(plan)
+    touched: set[tuple[Path, tuple[str, ...]]] = set()
+    try:
+        for planned in plan.items:
+            t = time.time() if now is None else now
+            base = planned.base if planned.base is not None else plan.root
+            # An item built by hand (no rel): found below the root by its path.
+            rel = planned.rel or tuple(Path(os.path.relpath(planned.path, base)).parts)
+            item = planned if planned.rel == rel else dataclasses.replace(planned, rel=rel)
+            try:
+                parent_fd = open_dirs(bases.fd(base), rel[:-1], expect=item.parent_ident)
+            except FileNotFoundError:
                 continue
-        try:
-            if item.kind == "dir":
-                parent_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-                try:
-                    _rmtree(parent_fd, path.name, t)
-                finally:
-                    os.close(parent_fd)
-            else:
-                os.unlink(path)
-        except _LiveLockFound as exc:
-            report.refused.append(
-                Refusal(path, item.category, f"live lock {exc} appeared; stopped")
-            )
-            continue
-        except OSError as exc:
-            report.failed.append((item, exc.strerror or str(exc)))
-            continue
-        report.removed.append(item)
+            except WalkRefused:
+                report.failed.append((item, _CHANGED))
+                continue
+            except OSError as exc:
+                report.failed.append((item, exc.strerror or str(exc)))
+                continue
+            try:
+                if _remove_item(item, parent_fd, t, report):
+                    report.removed.append(item)
+                    if item.category in _PROVEN_CATEGORIES:
+                        touched.add((base, rel[:-1]))
+            except RemovalVetoed as exc:
+                report.refused.append(Refusal(item.path, item.category, exc.reason))
+            except WalkRefused:
+                report.failed.append((item, _CHANGED))
+            except OSError as exc:
+                report.failed.append((item, exc.strerror or str(exc)))
+            finally:
+                os.close(parent_fd)
+        # A manifest whose files are all gone goes too: no gmp litter is left behind.
+        for base, rel in sorted(touched):
+            try:
+                fd = open_dirs(bases.fd(base), rel)
+            except (OSError, WalkRefused):
+                continue
+            try:
+                prune_manifest(fd)
+            finally:
+                os.close(fd)
+    finally:
+        bases.close()
     return report

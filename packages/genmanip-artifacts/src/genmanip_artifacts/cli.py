@@ -6,13 +6,15 @@ Data (written files, the cleanup plan) goes to stdout; talk, warnings and errors
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from pathlib import Path
 
 from genmanip_protocol.errors import ExitCode, GenmanipError
+from genmanip_results.layout import VIEWER_CACHE_PREFIX
 from genmanip_runtime.console import Console, format_duration
 
-from .clean import CleanPlan, CleanReport, execute_clean, format_size, plan_clean
+from .clean import NOT_PROVEN, CleanPlan, CleanReport, execute_clean, format_size, plan_clean
 from .errors import ArtifactsUsageError, PlotFailures
 from .plot import EpisodeOutcome, plot_episodes
 
@@ -174,6 +176,36 @@ def _print_plan(plan: CleanPlan, *, heading: str) -> None:
     sys.stdout.flush()
 
 
+#: Unprovable files listed one by one before the rest is only counted.
+_UNPROVEN_SHOWN = 10
+
+
+def _warn_refusals(plan: CleanPlan, console: Console) -> None:
+    """One warning per kept item; files that are only *named* like gmp's (no provenance record:
+    an older gmp's outputs, or the user's own) are listed up to a limit, then counted, with one
+    note on removing them by hand."""
+    unproven = [r for r in plan.refused if r.reason == NOT_PROVEN]
+    for r in plan.refused:
+        if r.reason != NOT_PROVEN:
+            console.warn(f"kept {_show(r.path, plan)}: {r.reason}")
+    for r in unproven[:_UNPROVEN_SHOWN]:
+        console.warn(f"kept {_show(r.path, plan)}: {r.reason}")
+    if len(unproven) > _UNPROVEN_SHOWN:
+        console.warn(f"kept {len(unproven) - _UNPROVEN_SHOWN} more file(s): {NOT_PROVEN}")
+    if unproven:
+        console.info(
+            f"{len(unproven)} file(s) are only named like gmp outputs: no provenance record proves "
+            "gmp wrote them (outputs of a gmp before provenance records, or your own files), so "
+            "they are kept. If they are yours to remove, delete them by hand, e.g. "
+            f"find {_show_root(plan)} -name '{VIEWER_CACHE_PREFIX}*' -type f -delete; "
+            "plots and viewer caches written from now on are registered and cleaned."
+        )
+
+
+def _show_root(plan: CleanPlan) -> str:
+    return shlex.quote(str(plan.root))
+
+
 def _confirm(console: Console, question: str) -> bool:
     console.write(f"{question} [y/N] ")
     try:
@@ -203,10 +235,12 @@ def clean(
     [--cache-dir DIR]``.
 
     Lists what would go by category with sizes (stdout). Deletes only with ``--yes`` or after a
-    confirmation on a terminal. Exit: 0 done (or listed in a dry run); NOTHING_TO_DO when nothing
-    matched; REFUSED when a run asked for with ``--results`` was kept for safety, when everything
-    that matched was kept (write-protected, symlinked), or when the prompt was declined; FAILURE
-    when a deletion failed.
+    confirmation on a terminal, and only what gmp provably created (provenance records; files
+    merely named like gmp's are listed as kept). Exit: 0 done (or listed in a dry run);
+    NOTHING_TO_DO when nothing matched; REFUSED when a run asked for with ``--results`` was kept
+    for safety, when everything that matched was kept (write-protected, symlinked, not provably
+    gmp's), or when the prompt was declined; FAILURE when a deletion failed. A ``--cache-dir``
+    that is not gmp's cache raises :class:`CacheDirNotGmpError` (REFUSED) before anything else.
     """
     everything = all
     plan = plan_clean(
@@ -217,8 +251,7 @@ def clean(
         force=force,
         cache_dir=cache_dir,
     )
-    for r in plan.refused:
-        console.warn(f"kept {_show(r.path, plan)}: {r.reason}")
+    _warn_refusals(plan, console)
     # A run asked for with --results but kept for safety makes the whole command "refused";
     # a write-protected cache file is only a warning.
     refused_runs = any(r.category == "results" for r in plan.refused)

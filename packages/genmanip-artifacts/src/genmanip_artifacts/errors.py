@@ -5,10 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from genmanip_protocol.errors import ExitCode, GenmanipError
+from genmanip_results.layout import CACHE_DIR_TAG
 
 __all__ = [
     "AlignmentError",
     "ArtifactsUsageError",
+    "CacheDirNotGmpError",
     "EpisodeDataError",
     "GenmanipArtifactsError",
     "PlotFailures",
@@ -54,3 +56,20 @@ class ArtifactsUsageError(GenmanipArtifactsError):
     """A command was called wrongly: no episode given, a root or run that does not exist, ..."""
 
     exit_code = ExitCode.USAGE
+
+
+class CacheDirNotGmpError(GenmanipArtifactsError):
+    """``gmp clean --cache-dir DIR`` named a directory that is not provably gmp's cache: it has no
+    gmp Cache Directory Tag (written when gmp creates its cache), so its ``logs/``, ``meshes/``
+    and ``downloads/`` may be anybody's. Nothing was deleted. ``path`` is the directory."""
+
+    exit_code = ExitCode.REFUSED
+
+    def __init__(self, path: Path, *, hint: str | None = None) -> None:
+        super().__init__(
+            f"--cache-dir {path}: not gmp's cache directory (no gmp {CACHE_DIR_TAG}); nothing deleted",
+            hint=hint
+            or "name gmp's own cache (default ~/.cache/genmanip); to empty this directory, "
+            "delete its contents by hand",
+        )
+        self.path = path

@@ -33,9 +33,11 @@ ACTION_PLOT = "action_plot.png"
 STATE_PLOT = "state_plot.png"
 MERGED_VIDEO = "merged_with_plot.mp4"
 PLOT_LOG = "plot.log"
-#: Every file ``gmp plot`` writes into an output directory (``gmp clean --plots`` removes them).
+#: Every file ``gmp plot`` writes into an output directory (``gmp clean --plots`` removes them
+#: when their provenance records prove them ours).
 PLOT_OUTPUTS = (ACTION_PLOT, STATE_PLOT, MERGED_VIDEO, PLOT_LOG)
-#: First line of every plot.log this package writes: how ``gmp clean`` recognises its outputs.
+#: First line of every plot.log this package writes (``gmp clean`` itself goes by the provenance
+#: manifest every output is registered in, :mod:`genmanip_results.provenance`).
 PLOT_LOG_SIGNATURE = "# genmanip-artifacts plot log"
 
 
@@ -64,10 +66,16 @@ class PlotResult:
     seconds: float = 0.0
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    from genmanip_runtime.atomic import atomic_write_bytes
+#: Who wrote a generated file, in its provenance record.
+_BY = f"genmanip-artifacts {__version__}"
 
-    atomic_write_bytes(path, data)
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    # Written and registered in the directory's provenance manifest in one call: ``gmp clean
+    # --plots`` deletes only files a record proves are this writer's.
+    from genmanip_results.provenance import CATEGORY_PLOTS, write_generated
+
+    write_generated(path, data, category=CATEGORY_PLOTS, by=_BY)
 
 
 def _write_log(
@@ -132,10 +140,20 @@ def plot_episode(
     frames = 0
     if video:
         if series.videos:
+            from genmanip_results.provenance import (
+                CATEGORY_PLOTS,
+                register_generated,
+                register_partial,
+            )
+
             from .overlay import write_overlay_video
 
             video_path = out_dir / MERGED_VIDEO
+            # The partial is registered before ffmpeg creates it, so one left by a killed plot
+            # is provably ours; the finished video right after it is renamed into place.
+            register_partial(out_dir / f"{MERGED_VIDEO}.part", category=CATEGORY_PLOTS, by=_BY)
             frames, vw = write_overlay_video(series, video_path)
+            register_generated(video_path, category=CATEGORY_PLOTS, by=_BY)
             warnings += vw
             written.append(MERGED_VIDEO)
         else:

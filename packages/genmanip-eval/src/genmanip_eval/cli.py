@@ -17,6 +17,8 @@ from genmanip_protocol.robots import resolve_robot
 from genmanip_protocol.schema import ServerStatus, parse_status
 from genmanip_results.stats import wilson_interval
 from genmanip_runtime.console import Console, table
+from genmanip_runtime.redact import scrub_secrets
+from genmanip_runtime.text import safe_text
 from genmanip_runtime.transport import build_base_url
 
 from .client import EvalClient
@@ -354,7 +356,9 @@ def submit(
             retry=False,
         )
     if not (isinstance(payload, dict) and isinstance(payload.get("data"), dict) and payload["data"].get("success")):
-        raise GenmanipEvalError(f"/start_new_job did not confirm success: {json.dumps(payload)[:200]}")
+        raise GenmanipEvalError(
+            f"/start_new_job did not confirm success: {safe_text(json.dumps(payload), limit=200)}"
+        )
     console.success(("resumed" if resuming else "started") + f" run {run_id}: {', '.join(configs)}")
     print(run_id)
     return int(ExitCode.OK)
@@ -375,7 +379,8 @@ def _status_text(st: ServerStatus, console: Console) -> str:
     lines.append(f"episodes:    {st.completed_episodes}/{st.total_episodes} done, "
                  f"{st.in_progress_episodes} in progress  {bar}".rstrip())
     lines.append(f"workers:     {', '.join(st.active_workers) or '-'}")
-    text = "\n".join(lines) + "\n"
+    # Every field but the numbers is the server's text: printed, it must not drive the terminal.
+    text = "\n".join(safe_text(line) for line in lines) + "\n"
     if st.mean_scores:
         rows = [[task, score] for task, score in sorted(st.mean_scores.items())]
         text += "\n" + table(rows, ["task", "mean score"])
@@ -409,7 +414,8 @@ def status(
             if want_run and st.run_id != want_run:
                 console.warn(f"the server's current run is {st.run_id!r}, not {want_run!r}")
             if as_json:
-                out = json.dumps(data, sort_keys=True)
+                # json.dumps escapes every control character; an echoed token is scrubbed.
+                out = scrub_secrets(json.dumps(data, sort_keys=True))
                 if out != last:
                     print(out, flush=True)
                 last = out

@@ -61,6 +61,7 @@ from genmanip_runtime.config import resolve_token
 from genmanip_runtime.errors import ConnectError, HTTPStatusError, RequestTimeout, TransportError
 from genmanip_runtime.netpolicy import is_loopback_host
 from genmanip_runtime.retry import Backoff, retry_call
+from genmanip_runtime.text import safe_text
 from genmanip_runtime.transport import HttpTransport, build_base_url
 
 from .actions import normalize_step_input
@@ -71,6 +72,8 @@ __all__ = ["DEFAULT_TIMEOUTS", "DEFAULT_URL", "EvalClient", "StepListener", "Ste
 log = logging.getLogger("genmanip_eval.client")
 
 DEFAULT_URL = "http://127.0.0.1:8087"
+#: What the server should be, in the message about a reply that is not one's.
+_SERVICE = "a GenManip eval server"
 #: Environment variable holding the server token (after ``token=``/``--token``).
 TOKEN_ENV = "GMP_TOKEN"  # noqa: S105 - an env var name, not a secret
 
@@ -405,7 +408,9 @@ class EvalClient:
         return q or None
 
     def _new_transport(self) -> HttpTransport:
-        return HttpTransport(self.base_url, token=self._token, ca_file=self._ca_file)
+        # (service: named when a reply is not a GenManip server's -- a redirect, an HTML page)
+        return HttpTransport(self.base_url, token=self._token, ca_file=self._ca_file,
+                             service=_SERVICE)
 
     @property
     def http(self) -> HttpTransport:
@@ -444,6 +449,7 @@ class EvalClient:
                 timeout=self.timeouts[timeout_key],
                 route_name=route,
                 idempotent=retry,
+                expect="application/json",
             )
 
         resp = self._retry(call) if retry else call()
@@ -487,6 +493,9 @@ class EvalClient:
             timeout=timeout,
             route_name=route,
             idempotent=idempotent,
+            # a 2xx that is not this codec's (an HTML page, a JSON error, an empty 204) is
+            # refused by the transport, naming what came instead of a decoder's complaint
+            expect=codec.content_type,
         )
         return codec.decode(resp.body), resp
 
@@ -513,22 +522,24 @@ class EvalClient:
                 )
 
             resp = self._retry(probe, deadline=self.timeouts["docs"])
-            if resp.status == 200:
+            if resp.status == 404:
+                name = "legacy"  # the real server has no /protocol: legacy wire
+            else:
+                # Any other answer is judged like every reply (the transport's one place): a
+                # redirect, a 1xx, a 204, an HTML page or an error raise, naming what came.
+                resp.raise_for_status(expect="application/json")
                 try:
                     info = resp.json()
-                except Exception as exc:
+                except GenmanipError as exc:
                     raise ResponseError(
                         _violation("GET /protocol", "a JSON object", f"undecodable body ({exc})")
                     ) from exc
                 if not isinstance(info, dict) or not isinstance(info.get("codecs"), list):
                     raise ResponseError(
-                        _violation("GET /protocol.codecs", "a list of codec names", repr(info)[:80])
+                        _violation("GET /protocol.codecs", "a list of codec names",
+                                   safe_text(repr(info), limit=80, tokens=(self._token,)))
                     )
                 name = "msgpack" if "msgpack" in info["codecs"] else "legacy"
-            elif resp.status == 404:
-                name = "legacy"  # the real server has no /protocol: legacy wire
-            else:
-                resp.raise_for_status()
         else:
             name = self._codec_choice
 
@@ -543,8 +554,15 @@ class EvalClient:
         self._codec = get_codec(name)
         self.codec_name = name
         if name == "msgpack":
-            # Without /protocol (codec forced) the user's choice stands.
+            # Without /protocol (codec forced) the user's choice stands. Only the kinds gmp
+            # knows are taken from the server (the choice goes back to it in a header).
             offered = (info or {}).get("frames") or ["raw", "jpeg"]
+            offered = [f for f in offered if f in ("raw", "jpeg")] if isinstance(offered, list) else []
+            if not offered:
+                raise ResponseError(_violation(
+                    "GET /protocol.frames", "a list of frame kinds among raw, jpeg",
+                    safe_text(repr((info or {}).get("frames")), limit=80, tokens=(self._token,)),
+                ))
             want = self._frames_choice
             if want == "auto":
                 want = "raw" if self._loopback else "jpeg"
@@ -568,7 +586,8 @@ class EvalClient:
             "/status", {"refresh": "1"} if refresh else {}, method="GET", timeout_key="status", retry=retry
         )
         if not isinstance(payload, dict) or not isinstance(payload.get("data"), dict):
-            raise ResponseError(_violation("GET /status.data", "a JSON object", repr(payload)[:80]))
+            raise ResponseError(_violation("GET /status.data", "a JSON object",
+                                          safe_text(repr(payload), limit=80, tokens=(self._token,))))
         data: dict[str, Any] = payload["data"]
         return data
 
@@ -621,9 +640,9 @@ class EvalClient:
             self.kill(rest)
         if rest:
             t0 = time.perf_counter()
-            data, resp = self._wire_call(
-                self.http, "/reset", {"worker_ids": rest}, timeout=self.timeouts["reset"]
-            )
+            # Repeated if the connection is lost (a server restarting under a starting client):
+            # /reset is safe to repeat and re-creates workers the server lost.
+            data, resp = self._reset_call(rest)
             entries = parse_step_response(data, rest)
             total = (time.perf_counter() - t0) * 1000
             for wid in rest:
@@ -1064,9 +1083,12 @@ class EvalClient:
         try:
             data = call() if quick else retry_call(
                 call,
-                # (the real "no pending" answer is a 500 naming ValueError: not transient)
+                # (the real "no pending" answer is a 500 naming ValueError: not transient). An
+                # unreachable server is waited for as long as _await_server does: a restarted
+                # server takes seconds to come back, longer on a loaded machine.
                 retry_on=_transient,
-                backoff=Backoff(initial=0.2, factor=2.0, max_delay=2.0, jitter=0.2, deadline=10.0),
+                backoff=Backoff(initial=0.2, factor=2.0, max_delay=2.0, jitter=0.2,
+                                deadline=_SERVER_WAIT_S),
             )
         except HTTPStatusError as exc:
             if exc.status == 500:
@@ -1076,6 +1098,52 @@ class EvalClient:
                 return None
             raise
         return parse_step_response(data, [wid])[wid]
+
+    def _reset_call(
+        self, wids: list[str], *, any_5xx: bool = False, await_job: bool = False
+    ) -> tuple[Any, Any]:
+        """``/reset`` of ``wids``: (decoded reply, response). Repeated while it fails in a way that
+        may pass: ``/reset`` is safe to repeat (a worker whose reset is under way or finished gets
+        that one back; nothing new is taken) and it creates the workers the server does not know.
+
+        ``any_5xx``: every 5xx is repeated (a recovery: the server is known to be flaky), else only
+        lost connections and 502/503/504. ``await_job``: a server without a job (restarted: idle
+        until the job is submitted again) is waited for (:meth:`_await_job`), then asked again.
+        """
+
+        def call() -> tuple[Any, Any]:
+            return self._wire_call(self.http, "/reset", {"worker_ids": wids}, timeout=self.timeouts["reset"])
+
+        def again(e: BaseException) -> bool:
+            if not isinstance(e, TransportError):
+                return False
+            if not isinstance(e, HTTPStatusError):
+                return True
+            if _no_job(e):
+                return False
+            return e.status >= 500 if any_5xx else e.status in (502, 503, 504)
+
+        def told(n: int, e: BaseException, delay: float) -> None:
+            if n == 1:
+                log.warning("%s; repeating /reset for worker(s) %s (safe to repeat; waiting up to "
+                            "%.0f s for the server)", e, ", ".join(wids), _SERVER_WAIT_S)
+
+        def attempt() -> tuple[Any, Any]:
+            result: tuple[Any, Any] = retry_call(
+                call, retry_on=again,
+                backoff=Backoff(initial=0.2, factor=2.0, max_delay=2.0, jitter=0.2,
+                                deadline=_SERVER_WAIT_S),
+                on_retry=told,
+            )
+            return result
+
+        try:
+            return attempt()
+        except HTTPStatusError as exc:
+            if not (await_job and _no_job(exc)):
+                raise
+            self._await_job(exc)
+            return attempt()
 
     def _restart(self, wid: str, reason: str, *, detail: str = "") -> None:
         """Discard the worker's episode: ``/kill`` (the server re-queues the seed), ``/reset``.
@@ -1087,21 +1155,16 @@ class EvalClient:
         eid = st.episode_id
         self._abort_recording(wid, f"restarted: {reason}" + (f" ({detail})" if detail else ""))
         self.kill([wid])
-
-        def call() -> Any:
-            return self._wire_call(self.http, "/reset", {"worker_ids": [wid]}, timeout=self.timeouts["reset"])[0]
-
-        # /reset is safe to repeat: on a worker with a reset under way it returns that one.
-        data = retry_call(
-            call,
-            retry_on=lambda e: isinstance(e, TransportError)
-            and not (isinstance(e, HTTPStatusError) and e.status < 500),
-            backoff=Backoff(initial=0.2, factor=2.0, max_delay=2.0, jitter=0.2, deadline=30.0),
-        )
+        # (/reset re-creates a worker the server does not know: a restarted server's)
+        data, _ = self._reset_call([wid], any_5xx=True, await_job=True)
         entry = parse_step_response(data, [wid])[wid]
         st.pending = st.finished = False
         st.executed_steps = 0
         self._apply_entry(wid, entry, first=True)
+        if eid is None:
+            # No episode had started on this worker (its first reset was lost): nothing restarted.
+            log.info("worker %s: reset again (%s)", wid, reason)
+            return
         self.stats["restarts"] += 1
         log.info("worker %s: episode %s restarted (%s)", wid, eid, reason)
         self._emit("episode_restarted", {"worker_id": wid, "episode_id": eid, "reason": reason})
@@ -1174,28 +1237,39 @@ class EvalClient:
         failed = [w for w in exc.workers if w in per_worker]
         for w in failed:
             self._state[w].in_flight = None  # (settled below, or the error stands)
-        if not exc.transient or not failed:
+        # "I do not know this worker" (KeyError, no job) is not the request's fault: the server
+        # lost the worker (restarted). Settled like any uncertain failure, below: nothing is ever
+        # resent, the probe finds nothing pending, the episode restarts on a re-created worker.
+        unknown = _unknown_workers(exc, failed, polled=False)
+        if not (exc.transient or unknown) or not failed:
             raise exc
         if not self._can_recover(failed):
             self._give_up(exc, failed)
         self._count_failure(exc, failed)
         if not exc.sent:
-            # Nothing reached the server: the workers are as they were. Wait until it answers.
+            # Nothing reached the server. Wait until it answers; the workers are as they were --
+            # unless it is a new process (a restart while this client was between requests):
+            # then they are gone, and the next request would meet KeyError.
             self._await_server(exc)
+            self._reattach_after_outage(exc)
             return
+        view = _ServerView(self, exc)
         for wid in failed:
-            entry = self._resolve(exc, wid, "the failed request may have run")
+            entry = self._resolve(exc, wid, "the failed request may have run", view=view)
             if entry is not None:
                 # The worker is resetting: the failed request ended its episode.
                 self._state[wid].unconfirmed = (list(per_worker[wid]), meta.get(wid) or {}, chunked)
                 self._apply_entry(wid, entry, first=False)
 
     def _recover_poll(self, exc: GenmanipError, ids: list[str]) -> None:
-        if not _transient(exc):
+        # These workers are resetting as far as this client knows: "no pending reset result"
+        # (or KeyError, no job) means the server lost their resets -- it restarted.
+        if not (_transient(exc) or _unknown_workers(exc, ids, polled=True)):
             raise exc
         if not self._can_recover(ids):
             self._give_up(exc, ids)
         self._count_failure(exc, ids)
+        view = _ServerView(self, exc)
         for wid in ids:
             # Nothing pending means the lost reply consumed the finished reset: the previous
             # episode's result and the next one's first observation are gone, and the worker is
@@ -1205,12 +1279,14 @@ class EvalClient:
                 wid,
                 "its first observation was lost with a reply",
                 lost="the server finished this episode, but the reply carrying its result was lost",
+                view=view,
             )
             if entry is not None:
                 self._apply_entry(wid, entry, first=False)
 
     def _resolve(
-        self, exc: GenmanipError, wid: str, reason: str, *, lost: str | None = None
+        self, exc: GenmanipError, wid: str, reason: str, *, lost: str | None = None,
+        view: _ServerView | None = None,
     ) -> WorkerEntry | None:
         """Settle one worker after ``exc``, a transient failure that may or may not have run.
 
@@ -1219,6 +1295,10 @@ class EvalClient:
         recording is aborted (with ``lost`` as the reason if given) and the episode restarted
         (``reason``), and None is returned. Never resends. A failure while settling re-raises
         ``exc``, chained to its cause.
+
+        With ``view``, a worker with nothing pending is looked up in ``/status``: one the server
+        does not know (it restarted, see :meth:`_reattach_after_outage` for why nothing counts
+        twice) is re-created by the restart, and its reasons say so.
         """
         short = str(exc).split(";")[0]
         try:
@@ -1226,13 +1306,18 @@ class EvalClient:
         except GenmanipError as err:
             raise exc from err
         if entry is None:
+            # (a job that is gone for good or changed raises its own, clear error here)
+            if view is not None and not view.knows(wid):
+                reason = _RESTARTED
+                if lost is not None:
+                    lost = _RESULT_DIED
             if lost is not None:
                 # (outside the try: a recording failure is its own error, not a network one)
                 self._abort_recording(wid, f"{lost} ({short})")
             try:
                 self._restart(wid, reason, detail=short)
-            except GenmanipError as err:
-                raise exc from err
+            except TransportError as err:
+                raise exc from err  # (a job that never came back raises its own, clear error)
         return entry
 
     def _await_server(self, exc: GenmanipError) -> None:
@@ -1245,10 +1330,112 @@ class EvalClient:
             retry_call(
                 docs,
                 retry_on=lambda e: isinstance(e, TransportError),
-                backoff=Backoff(initial=0.5, factor=2.0, max_delay=5.0, jitter=0.2, deadline=60.0),
+                backoff=Backoff(initial=0.5, factor=2.0, max_delay=5.0, jitter=0.2,
+                                deadline=_SERVER_WAIT_S),
             )
         except GenmanipError as derr:
             raise exc from derr
+
+    # Exactly once across a server restart. A server process that dies takes every episode in
+    # progress with it: their actions lived in that process's world only and no result_info.json
+    # was written for them, so the restarted server (resuming the run from disk, facts §9.2)
+    # serves those seeds again from their first step. A request that failed when the server died
+    # either ran in the dead process -- and died with it -- or never ran; it cannot run in the
+    # new process, which has no episode to run it in (it answers KeyError / "no pending reset
+    # result"). So restarting each interrupted episode from its first observation counts no
+    # action twice, and the failed request is never resent: on the new server it could only
+    # fail, or, after a /reset, act on a different episode. What the dead process may have
+    # finished is an episode whose result_info.json it wrote before dying while its result was
+    # still to be handed out: the new server keeps that score and never serves the seed again, so
+    # that recording is marked INCOMPLETE with the reason (_RESULT_DIED), never waited for.
+
+    def _reattach_after_outage(self, exc: GenmanipError) -> None:
+        """The server answers again after being unreachable: if it lost this client's workers (a
+        new process), re-create each unfinished one and restart its episode (see above)."""
+        view = _ServerView(self, exc)
+        short = str(exc).split(";")[0]
+        for wid in self.worker_ids:
+            st = self._state[wid]
+            if st.finished or view.knows(wid):
+                continue
+            if st.awaiting:
+                self._abort_recording(wid, f"{_RESULT_DIED} ({short})")
+            try:
+                self._restart(wid, _RESTARTED, detail=short)
+            except TransportError as err:
+                raise exc from err
+
+    def _known_workers(self, exc: GenmanipError) -> set[str] | None:
+        """The worker ids the server has (``/status`` ``active_workers``; None when it does not
+        say), once it has this client's job: a server without one is waited for
+        (:meth:`_await_job`), one running another run is an error."""
+        status = self.status()
+        if status.get("benchmark_id") is None or status.get("run_id") is None:
+            status = self._await_job(exc)
+        self._check_same_run(status, exc)
+        active = status.get("active_workers")
+        return {str(w) for w in active} if isinstance(active, list) else None
+
+    def _run_label(self) -> str:
+        """This client's run, for messages: its run id, else that of its last episode id."""
+        if self.run_id:
+            return f"run {self.run_id}"
+        eid = next((st.episode_id for st in self._state.values() if st.episode_id), None)
+        return f"the run of episode {eid}" if eid else "this client's run"
+
+    def _check_same_run(self, status: Mapping[str, Any], exc: GenmanipError) -> None:
+        """Refuse to re-attach to a job of another run (the server restarted with another job,
+        or someone started one): its episodes would be recorded as this run's."""
+        bench, run = status.get("benchmark_id"), status.get("run_id")
+        eids = [st.episode_id for st in self._state.values() if st.episode_id]
+        if eids:
+            same = any(str(e).startswith(f"{bench}/{run}/") for e in eids)
+        else:
+            same = not self.run_id or run == self.run_id
+        if not same:
+            rid = self.run_id or "RUN_ID"
+            raise GenmanipEvalError(
+                f"the server's job is now run {run!r} of {bench!r}, not {self._run_label()}: it "
+                "restarted with another job or someone started one; not mixing runs",
+                hint=f"resume the run: gmp submit CONFIG... --run-id {rid}, then gmp eval --run-id "
+                f"{rid} again (finished episodes are kept)",
+            ) from exc
+
+    def _await_job(self, exc: GenmanipError) -> dict[str, Any]:
+        """Wait (up to ``reset_deadline``) until the server has a job again; return its status.
+
+        A restarted server is idle: the job was in the dead process's memory. The protocol brings
+        it back only by ``/start_new_job`` with the job's config paths (facts §9.2), which a client
+        does not have -- and that call kills every worker of every client of the server, so a
+        client sending it would kill its siblings' re-created workers. Whoever submitted the job
+        submits it again with the same run id (the server keeps every seed finished on disk); the
+        client waits for it, saying so, then re-creates its workers.
+        """
+        deadline = self.timeouts["reset_deadline"]
+        rid = self.run_id or "RUN_ID"
+        t0 = time.monotonic()
+        note_at = 0.0
+        while True:
+            status = self.status()
+            if status.get("benchmark_id") is not None and status.get("run_id") is not None:
+                log.warning("the server has a job again (run %s): re-attaching", status.get("run_id"))
+                return status
+            waited = time.monotonic() - t0
+            if waited >= deadline:
+                raise GenmanipEvalError(
+                    f"the server at {self.base_url} has had no job for {waited:.0f} s (it restarted "
+                    f"and {self._run_label()} was not submitted again)",
+                    hint=f"submit it again: gmp submit CONFIG... --run-id {rid}; then gmp eval "
+                    f"--run-id {rid} (finished episodes are kept)",
+                ) from exc
+            if waited >= note_at:
+                log.warning(
+                    "the server at %s has no job (it restarted?): waiting up to %.0f s for %s to be "
+                    "submitted again (gmp submit CONFIG... --run-id %s)",
+                    self.base_url, deadline - waited, self._run_label(), rid,
+                )
+                note_at = waited + 30.0
+            time.sleep(min(1.0, max(0.0, deadline - waited)))
 
     def _emit(self, name: str, payload: dict[str, Any]) -> None:
         if self._on_event is not None:
@@ -1392,6 +1579,57 @@ def _meta_policy(meta: Mapping[str, Mapping[str, Any]], wid: str) -> float | Non
     return None if v is None else float(v)
 
 
+#: How long a client waits for an unreachable server before it gives up (a restart takes seconds).
+_SERVER_WAIT_S = 60.0
+#: Restart reason of an episode the server lost with its worker (the event, the log, INCOMPLETE).
+#: (If the failed request was the episode's last, the dead server may have scored it first: then
+#: the restarted one keeps that score and does not serve the seed again.)
+_RESTARTED = (
+    "the server lost the worker (it restarted?): the episode died with it, unless the failed "
+    "request ended it and the server kept its result"
+)
+#: INCOMPLETE reason of an ended episode whose result the restarted server cannot hand out.
+_RESULT_DIED = (
+    "the server restarted before handing out this episode's result (the reply carrying its result "
+    "was lost with the old server process)"
+)
+
+
+class _ServerView:
+    """What the server knows, from one ``GET /status`` per recovery, fetched only when needed."""
+
+    def __init__(self, client: EvalClient, exc: GenmanipError) -> None:
+        self._client = client
+        self._exc = exc
+        self._fetched = False
+        self._known: set[str] | None = None
+        self._told = False
+
+    def knows(self, wid: str) -> bool:
+        """False when the server does not have worker ``wid`` (a restarted server's case)."""
+        if not self._fetched:
+            self._fetched = True
+            try:
+                self._known = self._client._known_workers(self._exc)
+            except (TransportError, ResponseError) as err:
+                # /status unusable: assume known. A lost worker is re-created all the same (the
+                # restart's /reset creates it), or met at the next request (KeyError).
+                log.debug("GET /status failed (%s): cannot tell whether the server restarted", err)
+        known = self._known
+        if known is None or wid in known:
+            return True
+        if not self._told:
+            self._told = True
+            c = self._client
+            lost = [w for w in c.worker_ids if not c._state[w].finished and w not in known]
+            log.warning(
+                "the server at %s no longer knows worker(s) %s (it restarted, or they were killed): "
+                "re-creating them and restarting their episodes from the first step (nothing is resent)",
+                c.base_url, ", ".join(lost),
+            )
+        return False
+
+
 #: A 500 naming one of these was raised by the request's content (a wrong action shape, an unknown
 #: worker, ...): sending it again would fail again, so it is not recovered from.
 _REQUEST_FAULT = re.compile(
@@ -1406,6 +1644,40 @@ def _transient(exc: BaseException) -> bool:
             exc.status == 500 and not _REQUEST_FAULT.search(exc.detail or "")
         )
     return isinstance(exc, TransportError)
+
+
+#: How a server that does not know a worker answers, per route (reference facts §1.1, §2): it
+#: restarted (its workers died with the old process), or someone's ``/start_new_job`` or ``/kill``
+#: removed it. ``/step`` fails with 500 ``KeyError: '<id>'`` (ids stringified); ``/reset_result``
+#: with 500 ``ValueError: worker <id> has no pending reset result`` (the answer for any worker with
+#: nothing pending); ``/step_chunk`` with a bare text 500 ``Internal Server Error``, which it gives
+#: for every exception it does not format, so that one is not told apart here: it is a transient
+#: 500, and the probe that follows finds the worker gone. ``/reset`` creates a missing worker and
+#: ``/kill`` accepts an unknown id, so neither fails. A server without a job (a real one after a
+#: restart, until ``/start_new_job``) answers 500 ``... No job started. Call start_new_job first.``
+_UNKNOWN_WORKER = re.compile(r"^KeyError: '(?P<wid>[^']*)'$")
+_NO_PENDING = re.compile(r"\bworker (?P<wid>\S+) has no pending reset result\b")
+_NO_JOB = "No job started"
+
+
+def _no_job(exc: BaseException) -> bool:
+    """Does ``exc`` say the server has no job (a 500 naming ``No job started``)?"""
+    detail = getattr(exc, "detail", None) or ""
+    return getattr(exc, "status", None) == 500 and _NO_JOB in detail
+
+
+def _unknown_workers(exc: BaseException, wids: Iterable[str], *, polled: bool) -> list[str]:
+    """The workers of ``wids`` that the reply ``exc`` says the server does not know (all of them
+    when it has no job). ``polled``: the request was a ``/reset_result`` poll of workers this
+    client holds as resetting, so "no pending reset result" means the server lost their reset."""
+    ids = list(wids)
+    if getattr(exc, "status", None) != 500:
+        return []
+    if _no_job(exc):
+        return ids
+    detail = (getattr(exc, "detail", None) or "").strip()
+    m = _UNKNOWN_WORKER.match(detail) or (_NO_PENDING.search(detail) if polled else None)
+    return [m.group("wid")] if m and m.group("wid") in ids else []
 
 
 def _step_error(exc: GenmanipError, route: str, workers: list[str], timeout: float) -> StepError:

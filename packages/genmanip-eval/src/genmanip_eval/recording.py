@@ -18,6 +18,17 @@ catches up and leaves ``.awaiting_result.<pid>.json`` (all but the result is on 
 result is saved at once as ``.pending_result.<pid>.json``. The next recorder on the run finishes
 such episodes (``recover``, ``adopt_result``) or, when that cannot be done exactly, keeps them
 ``INCOMPLETE`` with the reason.
+
+Names from the wire never become paths unchecked: the episode id goes through the wire rule
+(:func:`genmanip_protocol.schema.safe_relative_path`) and every directory is checked to resolve
+inside the results root (``_safe_dir``); a camera name (``video.<camera>_view``) becomes a file
+name only through :func:`genmanip_results.paths.safe_file`, where the path is built
+(``_camera_file``: the frame spool, the mp4, the recovery notes' camera lists). A camera name that
+fails it refuses the episode's recording with a :class:`RecordingError` naming the field, and
+nothing is written outside the results root. Files created next to files gmp may not own
+(``steps.jsonl``, the spool) are created with ``O_EXCL | O_NOFOLLOW``
+(:func:`genmanip_results.paths.create_exclusive`), and an existing directory that holds files gmp
+did not write is never taken over as an episode directory.
 """
 
 from __future__ import annotations
@@ -58,10 +69,11 @@ from genmanip_results.layout import (
     pending_note_name,
 )
 from genmanip_results.live import write_live_view
-from genmanip_results.paths import UnsafePathError, is_within
+from genmanip_results.paths import UnsafePathError, create_exclusive, is_within, safe_file
 from genmanip_results.roots import resolve_results_root
 from genmanip_results.stats import wilson_interval
 from genmanip_runtime.atomic import atomic_write_json, json_default, merge_json
+from genmanip_runtime.text import safe_text
 
 from .errors import EpisodeIdError, RecordingError
 
@@ -88,6 +100,9 @@ _LEN = struct.Struct(">I")
 #   and finishes the episode from this file.
 _MARKER_GLOBS = (PENDING_NOTE_GLOB, AWAITING_NOTE_GLOB)
 _RECORDING_FILES = (STEPS_JSONL, RESULT_JSON, INCOMPLETE)
+# What makes an existing directory one of gmp's episode directories (any one of them).
+_EPISODE_MARKS = (*_RECORDING_FILES, FRAMES_DIR)
+_NOTHING_OUTSIDE = "nothing was written outside the results root"
 
 
 def camera_name(key: str) -> str:
@@ -112,6 +127,27 @@ def iter_frame_file(path: Path) -> Iterator[bytes]:
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _is_gmp_episode_dir(directory: Path) -> bool:
+    """An episode directory gmp may (re)write: empty, or holding one of its recording files."""
+    try:
+        names = {e.name for e in os.scandir(directory)}
+    except FileNotFoundError:
+        return True
+    if not names or names & set(_EPISODE_MARKS):
+        return True
+    return any(directory.glob(AWAITING_NOTE_GLOB)) or any(directory.glob(PENDING_NOTE_GLOB))
+
+
+def _fresh_dir(path: Path) -> None:
+    """Replace ``path`` by a new empty directory; a symlink there is removed, never followed
+    (``shutil.rmtree`` refuses symlinks, and ``ignore_errors`` would hide that)."""
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+    path.mkdir()
 
 
 @dataclass
@@ -233,6 +269,8 @@ class Recorder:
         self._recovered: set[Path] = set()
         self._orphan_workers: set[str] = set()
         self._aborts_queued: set[Path] = set()  # episode directories with an abort in the queue
+        self._own_dirs: set[Path] = set()  # episode directories this recorder has begun
+        self._refused: set[Path] = set()  # episode directories whose recording the writer refused
         # Episode directories with a transcode queued or running: a re-run of the same episode
         # waits for it, so files of two attempts never mix.
         self._busy: dict[Path, int] = {}
@@ -256,6 +294,9 @@ class Recorder:
 
     def check(self) -> None:
         """Raise :class:`RecordingError` if the writer or transcoder failed."""
+        if isinstance(self._error, RecordingError):
+            # A refusal (a hostile camera name, a foreign directory) says itself what happened.
+            raise RecordingError(str(self._error), hint=self._error.hint) from self._error
         if self._error is not None:
             raise RecordingError(
                 f"recording failed: {self._error}",
@@ -288,7 +329,9 @@ class Recorder:
             bench, run_id, task, seed = split_episode_id(episode_id)
         except ValidationError as exc:
             raise EpisodeIdError(
-                f"refusing to record episode id {str(episode_id)[:120]!r} from the server: {exc}; "
+                # The id is the server's text: scrubbed and cut after quoting (no token prefix).
+                f"refusing to record episode id {safe_text(repr(str(episode_id)), limit=120)} "
+                f"from the server: {exc}; "
                 "nothing was written",
             ) from exc
         directory = self.root / rel
@@ -305,9 +348,16 @@ class Recorder:
         ts_raw = obs.get("timestep")
         ts = int(ts_raw) if ts_raw is not None else (ep.last_ts + 1 if ep.last_ts is not None else 0)
         frames: dict[str, Any] = {}
+        keys: dict[str, Any] = {}
         for key in obs.cameras if hasattr(obs, "cameras") else [k for k in obs if str(k).startswith("video.")]:
             data = obs.frame_bytes(key) if hasattr(obs, "frame_bytes") else None
-            frames[camera_name(key)] = data if data is not None else obs[key]
+            cam = camera_name(str(key))
+            if cam in keys:
+                # ``video.a_view`` and ``video.a`` would share a.mp4: one camera silently lost.
+                self._refuse(worker_id, ep, f"camera: the server's keys {str(keys[cam])[:80]!r} and "
+                                            f"{str(key)[:80]!r} both name the camera {cam[:80]!r}")
+            keys[cam] = key
+            frames[cam] = data if data is not None else obs[key]
         if not ep.cameras:
             ep.cameras = list(frames)
         ep.ts_frame[ts] = ep.frames
@@ -332,6 +382,17 @@ class Recorder:
             }
             self._put(("live", ep.run_dir, worker_id, frames, live))
 
+    def _refuse(self, worker_id: str, ep: _Episode, what: str) -> None:
+        """Refuse the recording of ``ep`` (step loop): it is left INCOMPLETE with the reason, and
+        a :class:`RecordingError` starting with ``what`` (``"<field>: ..."``) is raised."""
+        self._episodes.pop(worker_id, None)
+        self._aborts_queued.add(ep.directory)
+        self._put(("abort", ep, f"recording refused: {what}"))
+        raise RecordingError(
+            f"{what}; refusing to record episode {ep.episode_id!r}; {_NOTHING_OUTSIDE}",
+            hint="the server sent observation keys this client cannot record (or run with --no-record)",
+        )
+
     def _running_sr(self) -> dict[str, Any]:
         n = len(self.finished)
         k = sum(1 for s, _ in self.finished if s)
@@ -341,6 +402,17 @@ class Recorder:
     def _begin(self, worker_id: str, obs: Any) -> _Episode:
         eid = obs.get("episode_id")
         directory, run_dir, task, seed, bench, run_id = self._split(eid)
+        # Checked here, where the path was built and before anything is queued or written for
+        # this episode (the writer clears the directory for the new attempt; the step loop writes
+        # the pending result into it): a directory that exists and holds someone else's files is
+        # never taken over.
+        if directory not in self._own_dirs and not _is_gmp_episode_dir(directory):
+            raise RecordingError(
+                f"episode: refusing to record episode {str(eid)!r} into {directory}: that "
+                f"directory exists and holds files gmp did not write; {_NOTHING_OUTSIDE}",
+                hint="record into an empty --results-dir",
+            )
+        self._own_dirs.add(directory)  # (a later attempt may find it mid-rewrite: still ours)
         self._run_ids[run_dir] = (bench, run_id)
         rid = obs.get("robot_id")
         instr = obs.get("instruction")
@@ -414,6 +486,7 @@ class Recorder:
             )
             self._put(("abort", ep, f"result mismatch: server reported {result.episode_id}"))
         else:
+            self.check()  # a recorder that failed (or refused this episode) writes nothing more
             self.finished.append((result.success, result.score))
             finished = _now()
             self._write_pending(ep, result, finished)
@@ -558,6 +631,32 @@ class Recorder:
 
         merge_json(run_dir / RUN_JSON, update, run_dir / RUN_JSON_LOCK)
 
+    def _camera_file(self, directory: Path, cam: str, suffix: str) -> Path:
+        """The one place a camera name from the wire becomes a path: ``<directory>/<cam><suffix>``
+        when ``cam`` passes :func:`genmanip_results.paths.safe_file` (one plain name, nothing that
+        resolves out of ``directory`` or the results root); else :class:`UnsafePathError`."""
+        path = safe_file(directory, cam, suffix=suffix, field="camera")
+        if not is_within(path, self._root_resolved):
+            raise UnsafePathError(f"camera: {cam[:80]!r}: {directory.name} resolves outside the results root")
+        return path
+
+    def _open_spool(self, ep: _Episode, cam: str) -> Any:
+        """Create the frame spool of ``cam`` (a new file: never one that is there already); a
+        camera name that cannot be a file name refuses the episode's recording."""
+        try:
+            path = self._camera_file(ep.directory / FRAMES_DIR, cam, FRAME_SPOOL_SUFFIX)
+            return create_exclusive(path, within=self._root_resolved, field="camera")
+        except (UnsafePathError, FileExistsError) as exc:
+            what = (f"camera: the server's camera name {cam[:80]!r} (from its video.<camera>_view key) "
+                    f"cannot be a file name ({exc})")
+            self._refused.add(ep.directory)  # (before _w_abort removes the notes: see _write_pending)
+            self._w_abort(ep, f"recording refused: {what}")
+            raise RecordingError(
+                f"{what}; refusing to record episode {ep.episode_id!r}; {_NOTHING_OUTSIDE}",
+                hint="camera names must be plain names (letters, digits, _ . @ + = -); "
+                "or run with --no-record",
+            ) from exc
+
     def _safe_dir(self, directory: Path) -> Path:
         # Checked after mkdir too: the directories just made may have been reached through a
         # symlink (or one swapped in meanwhile).
@@ -596,16 +695,15 @@ class Recorder:
             (d / name).unlink(missing_ok=True)
         _unlink_markers(d)
         for mp4 in d.glob(f"*{VIDEO_SUFFIX}"):
-            mp4.unlink()
-        shutil.rmtree(d / FRAMES_DIR, ignore_errors=True)
+            mp4.unlink()  # (a symlink: the link only)
         atomic_write_json(
             d / INCOMPLETE,
             {"episode_id": ep.episode_id, "worker_id": ep.worker_id, "started": ep.started, "reason": None},
             fsync=False,
         )
-        (d / FRAMES_DIR).mkdir()
+        _fresh_dir(d / FRAMES_DIR)
         self._open[id(ep)] = {
-            "steps": open(d / STEPS_JSONL, "wb"),
+            "steps": create_exclusive(d / STEPS_JSONL, within=self._root_resolved, field=STEPS_JSONL),
             "frames": {},
             "last": {},
         }
@@ -630,7 +728,7 @@ class Recorder:
                 data = encode_jpeg(value)
             fh = files.get(cam)
             if fh is None:
-                fh = files[cam] = open(ep.directory / FRAMES_DIR / f"{cam}{FRAME_SPOOL_SUFFIX}", "wb")
+                fh = files[cam] = self._open_spool(ep, cam)
             fh.write(_LEN.pack(len(data)))
             fh.write(data)
             last[cam] = data
@@ -762,9 +860,9 @@ class Recorder:
                     raise ValueError("the recorder that wrote it is still running")
                 ep = _Episode.from_note(e, directory, run_dir)
                 cams = [str(c) for c in info["cameras"]]
-                if not all((directory / FRAMES_DIR / f"{c}{FRAME_SPOOL_SUFFIX}").is_file() for c in cams):
+                if not all(self._camera_file(directory / FRAMES_DIR, c, FRAME_SPOOL_SUFFIX).is_file() for c in cams):
                     raise ValueError("its frame spool is missing")
-            except (OSError, ValueError, KeyError, TypeError) as exc:
+            except (OSError, ValueError, KeyError, TypeError, UnsafePathError) as exc:
                 log.warning("cannot finish %s with the collected result from %s: %s", result.episode_id, marker.name, exc)
                 continue
             finished = _now()
@@ -851,6 +949,10 @@ class Recorder:
                 },
                 fsync=False,
             )
+            if ep.directory in self._refused:
+                # The writer refused this episode meanwhile (a hostile camera name): its notes
+                # are removed, this one included (whichever of the two threads came last).
+                (ep.directory / pending_note_name(os.getpid())).unlink(missing_ok=True)
         except OSError as exc:
             raise RecordingError(
                 f"recording failed: cannot save the result of {ep.episode_id}: {exc}",
@@ -920,11 +1022,12 @@ class Recorder:
                     score=float(info["result"]["score"]), sr=float(info["result"]["sr"]),
                 )
                 # (a camera that never sent a frame has no spool file)
-                cams = [str(c) for c in info["cameras"] if (d / FRAMES_DIR / f"{c}{FRAME_SPOOL_SUFFIX}").is_file()]
+                cams = [str(c) for c in info["cameras"]
+                        if self._camera_file(d / FRAMES_DIR, str(c), FRAME_SPOOL_SUFFIX).is_file()]
                 if info["cameras"] and not cams:
                     raise ValueError("frame spool missing")
                 _truncate_rows(d / STEPS_JSONL, ep.steps)
-            except (OSError, ValueError, KeyError, TypeError) as exc:
+            except (OSError, ValueError, KeyError, TypeError, UnsafePathError) as exc:
                 log.warning("cannot finish the interrupted episode in %s: %s", d, exc)
                 if result is not None:
                     mine.unlink(missing_ok=True)
@@ -976,8 +1079,9 @@ class Recorder:
         d = ep.directory
 
         def one(cam: str) -> int:
-            src = d / FRAMES_DIR / f"{cam}{FRAME_SPOOL_SUFFIX}"
-            return transcode_jpegs(iter_frame_file(src), d / f"{cam}{VIDEO_SUFFIX}", fps=self.fps, nice=self.nice, threads=1)
+            src = self._camera_file(d / FRAMES_DIR, cam, FRAME_SPOOL_SUFFIX)
+            dst = self._camera_file(d, cam, VIDEO_SUFFIX)
+            return transcode_jpegs(iter_frame_file(src), dst, fps=self.fps, nice=self.nice, threads=1)
 
         # The cameras of one episode transcode concurrently (ffmpeg start-up dominates short
         # episodes); niced, so the step loop keeps priority.

@@ -25,6 +25,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from genmanip_protocol.errors import ExitCode, GenmanipError
+from genmanip_runtime.text import SafeFormatter
 
 from .client import DEFAULT_URL, EvalClient
 from .errors import PolicyError, WorkerProcessError
@@ -373,10 +374,30 @@ def _interrupt_on_sigterm(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+def _child_logging() -> None:
+    """A spawned child has no logging set up: its warnings would reach stderr through logging's
+    last-resort handler as sent (a server's text with escape sequences in it). Format them as
+    ``gmp``'s own handler does instead: made safe (SafeFormatter), ``gmp: warning: ...``."""
+    root = logging.getLogger()
+    if root.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+
+    def lower(record: logging.LogRecord) -> bool:
+        record.level = record.levelname.lower()
+        return True
+
+    handler.addFilter(lower)
+    handler.setFormatter(SafeFormatter("gmp: %(level)s: %(message)s"))
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+
+
 def _child_main(cfg: EvalConfig, wids: list[str], events: Any, stop: Any, index: int) -> None:
     """Entry point of a worker process (spawn): run, stream events, report the outcome."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; it sets ``stop``
     signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
+    _child_logging()
 
     def emit(kind: str, payload: dict[str, Any]) -> None:
         events.put((index, kind, payload))

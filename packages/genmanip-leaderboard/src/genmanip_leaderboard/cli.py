@@ -19,6 +19,7 @@ from typing import Any
 from genmanip_protocol.errors import ExitCode, ValidationError, Violation
 from genmanip_runtime.config import resolve_setting, resolve_token
 from genmanip_runtime.console import Console, Progress, table
+from genmanip_runtime.redact import scrub_secrets
 
 from .bundle import Bundle, build_bundle
 from .client import DEFAULT_HOST, DEFAULT_PORT, LeaderboardClient
@@ -43,7 +44,9 @@ SECTION = "leaderboard"
 
 
 def _print_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+    # The service's replies are in it: json.dumps escapes every control character (ASCII output),
+    # and a token the service echoed back is scrubbed.
+    sys.stdout.write(scrub_secrets(json.dumps(obj, indent=2, sort_keys=True, default=str)) + "\n")
     sys.stdout.flush()
 
 

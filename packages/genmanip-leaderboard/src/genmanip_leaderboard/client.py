@@ -21,9 +21,10 @@ from typing import Any
 from urllib.parse import quote
 
 from genmanip_protocol.errors import ValidationError, Violation
-from genmanip_runtime.errors import ConnectError, RequestTimeout, TransportError
+from genmanip_runtime.errors import ConnectError, RequestTimeout, ResponseTooLarge, TransportError
 from genmanip_runtime.netpolicy import check_plain_http
-from genmanip_runtime.transport import HttpTransport, Response
+from genmanip_runtime.text import safe_text
+from genmanip_runtime.transport import HttpTransport, Response, reply_json
 
 from .errors import (
     InsecureLeaderboardURL,
@@ -38,6 +39,7 @@ __all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "LeaderboardClient", "UploadResult", 
 DEFAULT_HOST = "localhost"
 DEFAULT_PORT = 8000
 _SNIPPET = 300
+_MESSAGE_MAX = 2000
 
 
 def upload_timeout(size_bytes: int) -> float:
@@ -106,14 +108,21 @@ class LeaderboardClient:
         return f"LeaderboardClient({self.base_url!r}, token={'***' if self._token else None})"
 
     def _redact(self, text: str) -> str:
+        """``text`` (a reply's, or an error quoting one) safe for a message: every registered
+        secret and this client's token scrubbed in all their forms, control characters escaped
+        (:func:`genmanip_runtime.text.safe_text`)."""
         # Very short "tokens" would mangle every message; real tokens are long.
-        if self._token and len(self._token) >= 6 and self._token in text:
-            text = text.replace(self._token, "***")
-        return text
+        own = self._token if self._token and len(self._token) >= 6 else None
+        # Bounded: a reply's message may be megabytes, and a message is read by a human.
+        return safe_text(text, limit=_MESSAGE_MAX, tokens=(own,))
 
     def _snippet(self, body: bytes) -> str:
-        text = body[:_SNIPPET].decode("utf-8", "replace").strip()
-        return self._redact(text) + ("..." if len(body) > _SNIPPET else "")
+        # Scrubbed *before* the cut (a token straddling it would leave its prefix); the margin
+        # holds any token that starts inside the part shown.
+        text = self._redact(body[: _SNIPPET + 4096].decode("utf-8", "replace").strip())
+        if len(body) > _SNIPPET or len(text) > _SNIPPET:
+            text = text[:_SNIPPET] + "..."
+        return text
 
     def status_url(self, submission_id: str) -> str:
         """The status page of a submission."""
@@ -121,7 +130,7 @@ class LeaderboardClient:
 
     def _error_text(self, resp: Response) -> str:
         try:
-            obj = json.loads(resp.body)
+            obj = reply_json(resp.body)
         except (ValueError, UnicodeDecodeError):
             return self._snippet(resp.body)
         if isinstance(obj, dict):
@@ -182,11 +191,17 @@ class LeaderboardClient:
                 f"the leaderboard did not answer the upload in time: {self._redact(str(e))}",
                 hint="nothing was marked as submitted; check `gmp leaderboard status` or retry",
             ) from e
+        except ResponseTooLarge:
+            raise  # the leaderboard answered (too much): not an interrupted upload
         except TransportError as e:
             raise UploadInterruptedError(
                 f"the upload was interrupted: {self._redact(str(e))}",
                 hint="nothing was marked as submitted; run the same command again",
             ) from e
+        if resp.status < 400:
+            # A 1xx without a final reply, a redirect (never followed: the upload carries the
+            # token): judged where every reply is (the transport), saying what came.
+            resp.raise_for_status()
         if resp.status in (401, 403):
             raise LeaderboardAuthError(
                 resp.status,
@@ -196,7 +211,7 @@ class LeaderboardClient:
         if resp.status >= 300:
             raise UploadRejectedError(resp.status, self._error_text(resp))
         try:
-            obj = json.loads(resp.body)
+            obj = reply_json(resp.body)
         except (ValueError, UnicodeDecodeError):
             raise LeaderboardReplyError("body", f"not JSON: {self._snippet(resp.body)!r}") from None
         if not isinstance(obj, dict):
@@ -226,12 +241,16 @@ class LeaderboardClient:
                 f"cannot get the status from {self.base_url}: {self._redact(str(e))}", hint=e.hint
             ) from e
         what = f"the status request for {submission_id!r}"
+        if resp.status < 400:
+            resp.raise_for_status()  # 1xx, 3xx: as for upload()
         if resp.status in (401, 403):
             raise LeaderboardAuthError(resp.status, self._error_text(resp), what=what)
         if resp.status >= 300:
             raise UploadRejectedError(resp.status, self._error_text(resp), what=what)
+        if not resp.body:
+            raise LeaderboardReplyError("body", f"empty (HTTP {resp.status}), expected a status page")
         try:
-            return json.loads(resp.body)
+            return reply_json(resp.body)
         except (ValueError, UnicodeDecodeError):
             return {"text": self._snippet(resp.body)}
 

@@ -9,7 +9,15 @@ from genmanip_runtime.errors import InsecureTransportError
 
 __all__ = [
     "AmbiguousRunError",
+    "BundleCorruptError",
     "BundleError",
+    "BundleManifestError",
+    "BundleMemberNameError",
+    "BundleMismatchError",
+    "BundleSourceChangedError",
+    "BundleTooLargeError",
+    "BundleUnsupportedError",
+    "BundleVerifyError",
     "GenmanipLeaderboardError",
     "IncompleteRunError",
     "InsecureLeaderboardURL",
@@ -67,6 +75,81 @@ class BundleError(GenmanipLeaderboardError):
     """A bundle cannot be built safely, or a bundle failed verification."""
 
     exit_code = ExitCode.REFUSED
+
+
+class BundleSourceChangedError(BundleError):
+    """A file of the run changed while it was being bundled (swapped for a symlink or another
+    file, or a directory on its way swapped): it was not read and no bundle was written.
+    ``member`` is its name in the run."""
+
+    def __init__(self, member: str, reason: str) -> None:
+        super().__init__(
+            f"{member}: {reason} while bundling; nothing written",
+            hint="bundle again once nothing else writes to the run",
+        )
+        self.member = member
+
+
+class BundleVerifyError(BundleError):
+    """A bundle failed verification. ``path`` is the zip (empty when the check ran on a name
+    alone); ``member`` the zip member and ``field`` the ``manifest.json`` field the problem is in
+    (either may be None). The message is ``<path>: member '<name>': <field>: <problem>``."""
+
+    exit_code = ExitCode.INVALID_INPUT
+
+    def __init__(
+        self,
+        path: str,
+        problem: str,
+        *,
+        member: str | None = None,
+        field: str | None = None,
+        hint: str | None = None,
+    ) -> None:
+        parts = [path] if path else []
+        if member is not None:
+            parts.append(f"member {member!r}")
+        if field is not None:
+            parts.append(field)
+        super().__init__(": ".join([*parts, problem]), hint=hint)
+        self.path = path
+        self.member = member
+        self.field = field
+        self.problem = problem
+
+
+class BundleCorruptError(BundleVerifyError):
+    """The zip's structure or a member's data is damaged: not a zip, truncated, a bad CRC-32, a
+    corrupt deflate stream, inconsistent zip64 sizes, overlapping members."""
+
+
+class BundleUnsupportedError(BundleVerifyError):
+    """A member uses what a gmp bundle never does: a compression method other than stored or
+    deflate, encryption."""
+
+
+class BundleMemberNameError(BundleVerifyError):
+    """A member name is unsafe (absolute, ``..``, backslash, control character, NUL) or appears
+    twice. Refused (exit 9) like an unsafe name met while building."""
+
+    exit_code = ExitCode.REFUSED
+
+
+class BundleTooLargeError(BundleVerifyError):
+    """A member (or the whole zip) declares more uncompressed bytes than the limit, or more than
+    its compressed data can expand to (a zip bomb): refused before anything is decompressed."""
+
+    exit_code = ExitCode.REFUSED
+
+
+class BundleManifestError(BundleVerifyError):
+    """``manifest.json`` is missing, not JSON, nested too deeply, or a field has the wrong type;
+    ``field`` names it (``files[3].size``)."""
+
+
+class BundleMismatchError(BundleVerifyError):
+    """The members differ from ``manifest.json``: a member missing or unlisted, a size or
+    SHA-256 that does not match, a wrong ``content_sha256``."""
 
 
 class MissingTokenError(GenmanipLeaderboardError):

@@ -16,6 +16,7 @@ from typing import Any
 from genmanip_protocol.errors import ConfigError, ExitCode
 from genmanip_runtime.config import resolve_setting, resolve_token
 from genmanip_runtime.console import Console, format_duration
+from genmanip_runtime.redact import scrub_secrets
 
 from .client import CREATE_FIELDS, OnlineClient, PollEvent, ReadyStatus
 from .errors import GenmanipOnlineError, MissingTokenError
@@ -263,7 +264,9 @@ def submit_and_wait(
 
 
 def _print_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, sort_keys=True) + "\n")
+    # The service's replies are in it: json.dumps escapes every control character (ASCII output),
+    # and a token the service echoed back is scrubbed.
+    sys.stdout.write(scrub_secrets(json.dumps(obj, sort_keys=True)) + "\n")
     sys.stdout.flush()
 
 
@@ -295,7 +298,7 @@ def create(
     ) as client:
         task_id = client.create_task(**fields)
     console.info(f"created task {task_id}")
-    sys.stdout.write(task_id + "\n")
+    sys.stdout.write(scrub_secrets(task_id) + "\n")  # controls were refused by the client
     return int(ExitCode.OK)
 
 

@@ -26,9 +26,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from genmanip_protocol.errors import ValidationError, Violation
-from genmanip_runtime.errors import ConnectError, RequestTimeout, TransportError
+from genmanip_runtime.errors import ConnectError, RequestTimeout, ResponseTooLarge, TransportError
 from genmanip_runtime.retry import Backoff
-from genmanip_runtime.transport import HttpTransport
+from genmanip_runtime.text import escape_controls, safe_text
+from genmanip_runtime.transport import HttpTransport, reply_json
 
 from .errors import (
     GenmanipOnlineError,
@@ -69,6 +70,7 @@ CREATE_FIELDS = (
 )
 
 _SNIPPET = 300
+_MESSAGE_MAX = 2000
 
 
 @dataclass(frozen=True)
@@ -121,8 +123,13 @@ class StopResult:
 def _opt_number(data: Mapping[str, Any], *keys: str) -> float | None:
     for k in keys:
         v = data.get(k)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0:
-            return float(v)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            try:
+                f = float(v)  # an int beyond the float range (10**400 in JSON) raises here
+            except OverflowError:
+                continue
+            if math.isfinite(f) and f >= 0:
+                return f
     return None
 
 
@@ -137,10 +144,12 @@ def _check_task_id(value: Any, call: str) -> str:
         or len(tid) > 255
         or tid.startswith("/")
         or any(seg in ("", ".", "..") for seg in tid.split("/"))
-        or any(ord(c) < 32 or c in "\\\x7f" for c in tid)
+        or "\\" in tid
+        # No control characters of any kind (C0, DEL, C1, bidi, zero-width): the id is printed.
+        or escape_controls(tid) != tid
     )
     if bad:
-        raise OnlineReplyError(call, "data.task_id", f"not a safe task id: {tid[:80]!r}")
+        raise OnlineReplyError(call, "data.task_id", f"not a safe task id: {safe_text(repr(tid), limit=80)}")
     return tid
 
 
@@ -188,15 +197,21 @@ class OnlineClient:
         return t
 
     def _redact(self, text: str) -> str:
+        """``text`` (a reply's, or an error quoting one) safe for a message: every registered
+        secret and this client's token scrubbed in all their forms, control characters escaped
+        (:func:`genmanip_runtime.text.safe_text`)."""
         # Very short "tokens" would mangle every message; real tokens are long.
-        if self._token and len(self._token) >= 6 and self._token in text:
-            text = text.replace(self._token, "***")
-        return text
+        own = self._token if self._token and len(self._token) >= 6 else None
+        # Bounded: a reply's message may be megabytes, and a message is read by a human.
+        return safe_text(text, limit=_MESSAGE_MAX, tokens=(own,))
 
     def _snippet(self, body: bytes) -> str:
-        text = body[:_SNIPPET].decode("utf-8", "replace")
-        more = "..." if len(body) > _SNIPPET else ""
-        return self._redact(text.strip()) + more
+        # Scrubbed *before* the cut (a token straddling it would leave its prefix); the margin
+        # holds any token that starts inside the part shown.
+        text = self._redact(body[: _SNIPPET + 4096].decode("utf-8", "replace").strip())
+        if len(body) > _SNIPPET or len(text) > _SNIPPET:
+            text = text[:_SNIPPET] + "..."
+        return text
 
     def _post(
         self,
@@ -224,6 +239,8 @@ class OnlineClient:
             )
         except RequestTimeout as e:
             raise OnlineTimeout(call, limit) from e
+        except ResponseTooLarge:
+            raise  # the service answered (too much): not a connection failure
         except ConnectError as e:
             raise OnlineUnreachable(
                 f"online service {call}: cannot reach {origin}: {self._redact(str(e))}",
@@ -233,13 +250,18 @@ class OnlineClient:
             raise OnlineUnreachable(
                 f"online service {call}: the connection to {origin} failed: {self._redact(str(e))}"
             ) from e
+        if resp.status < 400:
+            # Every status but the errors this client words itself is judged where every reply
+            # is (the transport): a 1xx without a final reply, a redirect (never followed: the
+            # request carries the token) raise HTTPStatusError saying what came.
+            resp.raise_for_status()
         ctype = str(resp.headers.get("content-type", "") or "")
         return resp.status, resp.body, ctype
 
     def _envelope(self, call: str, status: int, body: bytes, ctype: str) -> dict[str, Any]:
         """Check an envelope reply; return ``data`` (``{}`` when absent)."""
         try:
-            obj = json.loads(body) if body else None
+            obj = reply_json(body) if body else None
         except (ValueError, UnicodeDecodeError):
             obj = None
             parsed = False
@@ -268,7 +290,8 @@ class OnlineClient:
             raise OnlineReplyError(call, "code", f"expected an integer, got {type(code).__name__}")
         if code not in (0, "0"):
             msg = obj.get("msg")
-            raise OnlineServiceError(call, code, self._redact(str(msg)) if msg is not None else "")
+            shown = code if isinstance(code, int) else self._redact(str(code))
+            raise OnlineServiceError(call, shown, self._redact(str(msg)) if msg is not None else "")
         payload = obj.get("data")
         if payload is None:
             return {}
@@ -316,7 +339,7 @@ class OnlineClient:
             try:
                 check_url(endpoint, insecure_http=True, field="data.endpoint")
             except ValidationError as e:
-                raise OnlineReplyError(call, "data.endpoint", f"not an http(s) URL: {endpoint[:120]!r}") from e
+                raise OnlineReplyError(call, "data.endpoint", f"not an http(s) URL: {self._redact(repr(endpoint))[:120]}") from e
             endpoint = endpoint.strip().rstrip("/")
         else:
             endpoint = None
@@ -438,7 +461,7 @@ class OnlineClient:
                 log.debug("stop: %s answered 404, trying the next candidate", url)
                 continue
             try:
-                obj: Any = json.loads(body) if body else {}
+                obj: Any = reply_json(body) if body else {}
             except (ValueError, UnicodeDecodeError):
                 obj = None
             if status >= 400 or (isinstance(obj, dict) and "code" in obj):

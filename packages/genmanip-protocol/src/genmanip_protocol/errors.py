@@ -14,6 +14,7 @@ from typing import ClassVar
 __all__ = [
     "ConfigError",
     "DecodeError",
+    "DecodeLimitError",
     "EncodeError",
     "ExitCode",
     "GenmanipError",
@@ -99,6 +100,22 @@ class DecodeError(GenmanipProtocolError):
     def __init__(self, message: str, *, codec: str = "", hint: str | None = None) -> None:
         super().__init__(message, hint=hint)
         self.codec = codec
+
+
+class DecodeLimitError(DecodeError):
+    """A payload exceeds one of the decoders' bounds (nesting depth, container or element count,
+    copied bytes, array shape, image size); refused before the memory was allocated.
+
+    ``limit`` names the constant (``"MAX_DEPTH"``, ``"MAX_CONTAINERS"``, ... of
+    ``genmanip_protocol.codec.limits``) and ``bound`` is its value.
+    """
+
+    def __init__(
+        self, message: str, *, limit: str, bound: int, codec: str = "", hint: str | None = None
+    ) -> None:
+        super().__init__(message, codec=codec, hint=hint)
+        self.limit = limit
+        self.bound = bound
 
 
 class UnsafePayloadError(DecodeError):

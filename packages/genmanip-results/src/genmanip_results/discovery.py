@@ -13,7 +13,10 @@ An *episode directory* is a directory named like a seed (digits) that holds ``re
 relative to the run directory. Scans never raise for a bad file: corrupt JSON marks the episode
 incomplete with an ``error``; symlinks that leave the scanned root are skipped with a warning.
 Which directories are searched is :mod:`genmanip_results.roots`; containment is
-:func:`genmanip_results.paths.is_within`.
+:func:`genmanip_results.paths.is_within`, and every file is opened through
+:func:`genmanip_results.paths.open_within` (checked again where it is opened, so a file swapped for
+a symlink after the listing is not read). Each :class:`EpisodeInfo` carries the ``root`` it was
+found under: the series loader and the viewer open its files within that same root.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from .layout import (
     SUBMITTED_FLAG,
     VIDEO_SUFFIX,
 )
-from .paths import is_within
+from .paths import UnsafePathError, is_within, open_within
 from .roots import project_trees
 
 __all__ = [
@@ -106,6 +109,9 @@ class EpisodeInfo:
     ``score == 1`` within 1e-6 (``None`` while incomplete). ``steps`` is the number of executed
     actions when known. ``videos`` maps camera names (file stems, e.g. ``left_camera``) to mp4
     files. ``error`` explains a corrupt or unreadable result file. ``mtime`` is epoch seconds.
+    ``root`` is the resolved directory the episode was found under (the scanned root, or the run
+    directory for :func:`load_episode`): readers of its files open them within it
+    (:func:`genmanip_results.paths.open_within`); ``None`` means the episode directory itself.
     """
 
     path: Path
@@ -128,6 +134,13 @@ class EpisodeInfo:
     instruction: str | None = None
     robot_id: str | None = None
     result: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
+    root: Path | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def containment(self) -> Path:
+        """The directory every file of this episode must resolve inside (``root``, else the
+        episode directory)."""
+        return self.root if self.root is not None else Path(self.path)
 
 
 @dataclass
@@ -257,14 +270,15 @@ def _safe_child(parent: Path, entry: _Entry, root: Path) -> Path | None:
 
 
 def _read_json_file(path: Path, root: Path | None = None) -> tuple[Any, str | None]:
-    """(value, error). A missing file is (None, None). With ``root``, a symlink that resolves
-    outside it is not read."""
-    if root is not None and path.is_symlink() and not is_within(path, root):
-        log.warning("not reading %s: symlink leads outside %s", path, root)
-        return None, f"{path.name}: symlink leads outside the results root"
+    """(value, error). A missing file is (None, None). A file that resolves outside ``root``
+    (default: its own directory) is not read."""
+    boundary = root if root is not None else path.parent
     try:
-        with open(path, "rb") as fh:
+        with open_within(path, boundary, field=path.name) as fh:
             raw = fh.read()
+    except UnsafePathError:
+        log.warning("not reading %s: symlink leads outside %s", path, boundary)
+        return None, f"{path.name}: symlink leads outside the results root"
     except FileNotFoundError:
         return None, None
     except OSError as exc:
@@ -330,15 +344,15 @@ def _layout_of_files(names: set[str]) -> Layout:
     return "client" if names & {RESULT_JSON, STEPS_JSONL, INCOMPLETE} else "server"
 
 
-def _count_lines(path: Path) -> int | None:
+def _count_lines(path: Path, root: Path) -> int | None:
     """Complete rows of a JSONL file (a last row still being written does not count)."""
     try:
         n = 0
-        with open(path, "rb") as fh:
+        with open_within(path, root, field=path.name) as fh:
             while chunk := fh.read(1 << 20):
                 n += chunk.count(b"\n")
         return n
-    except OSError:
+    except (OSError, UnsafePathError):
         return None
 
 
@@ -378,7 +392,7 @@ def _build_episode(
 
     result_name = RESULT_INFO if layout == "server" else RESULT_JSON
     if result_name in files:
-        result, error = _read_json_file(files[result_name])
+        result, error = _read_json_file(files[result_name], root)
         if error is None:
             if not isinstance(result, dict):
                 error = f"{result_name}: expected a JSON object, got {type(result).__name__}"
@@ -401,7 +415,7 @@ def _build_episode(
 
     steps_file = files.get(STEPS_JSONL)
     if steps is None and steps_file is not None:
-        steps = _count_lines(steps_file)
+        steps = _count_lines(steps_file, root)
 
     videos: dict[str, Path] = {}
     for name in sorted(files):
@@ -437,6 +451,7 @@ def _build_episode(
         instruction=instruction,
         robot_id=robot_id,
         result=result if isinstance(result, dict) else None,
+        root=root,
     )
 
 
@@ -532,9 +547,11 @@ def load_episode(
 # Locks
 
 
-def _lock_info(path: Path, task_name: str, now: float, stale_after: float) -> LockInfo:
+def _lock_info(
+    path: Path, task_name: str, now: float, stale_after: float, root: Path | None = None
+) -> LockInfo:
     seed = path.name[: -len(LOCK_SUFFIX)]
-    data, _err = _read_json_file(path)
+    data, _err = _read_json_file(path, root)
     data = data if isinstance(data, dict) else {}
     mt = _mtime(path) or 0.0
     ts_val = _num(data.get("timestamp"))
@@ -566,7 +583,7 @@ def read_locks(
     rd = Path(run_dir)
     _, locks = _walk(rd, rd.resolve(), _Lister())
     t = time.time() if now is None else now
-    out = [_lock_info(p, task, t, stale_after) for p, task in locks]
+    out = [_lock_info(p, task, t, stale_after, rd.resolve()) for p, task in locks]
     out.sort(key=lambda li: (li.task_name, _seed_key(li.seed)))
     return out
 
@@ -683,7 +700,7 @@ def _load_run(
         episodes.append(info)
     episodes.sort(key=lambda e: (e.task_name, _seed_key(e.seed)))
 
-    locks = [_lock_info(p, task, now, LOCK_STALE_AFTER) for p, task in lock_paths]
+    locks = [_lock_info(p, task, now, LOCK_STALE_AFTER, root) for p, task in lock_paths]
     locks.sort(key=lambda li: (li.task_name, _seed_key(li.seed)))
 
     if manifest is not None:

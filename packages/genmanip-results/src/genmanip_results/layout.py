@@ -141,3 +141,15 @@ def awaiting_note_name(pid: int) -> str:
 def pending_note_name(pid: int) -> str:
     """The pending-result note of process ``pid``."""
     return f"{PENDING_NOTE_PREFIX}{pid}{NOTE_SUFFIX}"
+
+
+# --- provenance of generated files (genmanip_results.provenance) -------------------------------
+#: Per-directory manifest of the files gmp generated there (plots, viewer caches): one JSON line
+#: per file, written by the writer right after the file. ``gmp clean`` deletes only what a
+#: record proves (same name, inode, size and mtime); hidden, so bundles leave it out.
+GENERATED_MANIFEST = ".gmp-generated.jsonl"
+#: gmp's cache directory carries a Cache Directory Tag (https://bford.info/cachedir/) written
+#: when gmp creates it; ``gmp clean`` empties only a tagged cache directory.
+CACHE_DIR_TAG = "CACHEDIR.TAG"
+
+__all__ += ["CACHE_DIR_TAG", "GENERATED_MANIFEST"]  # appended: the list above stays as it was

@@ -19,8 +19,9 @@ observation names cameras) and end up both in file names here and in viz URLs, s
 apply one rule, :func:`genmanip_results.paths.safe_component` (letters, digits, ``_ . @ + = -``,
 not starting with a dot or dash, at most 128 characters): a name eval would write is exactly a
 name viz will show, and a hostile one is refused on both sides. Every path is then joined with
-:func:`genmanip_results.paths.safe_join` / checked with :func:`genmanip_results.paths.is_within`
-(symlinks resolved).
+:func:`genmanip_results.paths.safe_join` / :func:`genmanip_results.paths.safe_file` and every file
+read is opened through :func:`genmanip_results.paths.open_within` (symlinks resolved where the file
+is opened, so one swapped in after the listing is not followed either).
 """
 
 from __future__ import annotations
@@ -34,7 +35,14 @@ from pathlib import Path
 from typing import Any
 
 from .layout import LIVE_DIR, LIVE_FRAME_SUFFIX, LIVE_STATE
-from .paths import UnsafePathError, is_within, safe_component, safe_join
+from .paths import (
+    UnsafePathError,
+    is_within,
+    read_bytes_within,
+    safe_component,
+    safe_file,
+    safe_join,
+)
 
 __all__ = [
     "LIVE_FRESH_S",
@@ -43,6 +51,7 @@ __all__ = [
     "live_frame_path",
     "live_state_path",
     "live_workers",
+    "read_live_frame",
     "read_live_state",
     "write_live_view",
 ]
@@ -92,10 +101,10 @@ def write_live_view(
     cams: list[str] = []
     for cam, data in frames.items():
         try:
-            safe_component(cam, field="camera")
+            target = safe_file(d, cam, suffix=LIVE_FRAME_SUFFIX, field="camera")
         except UnsafePathError:
             continue  # a camera viz could not serve: not published
-        atomic_write_bytes(d / f"{cam}{LIVE_FRAME_SUFFIX}", bytes(data), fsync=False)
+        atomic_write_bytes(target, bytes(data), fsync=False)
         cams.append(cam)
     atomic_write_json(d / LIVE_STATE, {**state, "cameras": cams}, fsync=False)
     return d
@@ -155,14 +164,13 @@ def live_workers(
         state: dict[str, Any] = {}
         updated = 0.0
         info = wdir / LIVE_STATE
-        if is_within(info, run):
-            try:
-                raw = json.loads(info.read_text(encoding="utf-8"))
-                if isinstance(raw, dict):
-                    state = raw
-                updated = info.stat().st_mtime
-            except (OSError, ValueError):
-                pass
+        try:
+            raw = json.loads(read_bytes_within(info, run, field="live_state").decode("utf-8"))
+            if isinstance(raw, dict):
+                state = raw
+            updated = info.stat().st_mtime
+        except (OSError, ValueError, UnsafePathError):
+            pass
         cams = []
         for f in sorted(wdir.glob(f"*{LIVE_FRAME_SUFFIX}")):
             if not _valid(f.stem, "camera"):
@@ -224,11 +232,26 @@ def live_frame_path(
     return _live_file(run_dir, worker_id, f"{camera}{LIVE_FRAME_SUFFIX}", within)
 
 
-def read_live_state(path: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """``live.json`` at ``path`` as a dict, or None when it cannot be read or is not an object
-    (written atomically, so that is a real but usually transient problem)."""
+def read_live_state(
+    path: str | os.PathLike[str], *, within: str | os.PathLike[str] | None = None
+) -> dict[str, Any] | None:
+    """``live.json`` at ``path`` as a dict, or None when it cannot be read, is not an object
+    (written atomically, so that is a real but usually transient problem) or resolves outside
+    ``within`` (default: its own directory) where it is opened."""
+    boundary = within if within is not None else Path(path).parent
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = json.loads(read_bytes_within(path, boundary, field="live_state").decode("utf-8"))
+    except (OSError, ValueError, UnsafePathError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def read_live_frame(
+    path: str | os.PathLike[str], *, within: str | os.PathLike[str]
+) -> bytes | None:
+    """The JPEG bytes at ``path`` (from :func:`live_frame_path`), opened within ``within``; None
+    when it is gone or resolves outside it where it is opened."""
+    try:
+        return read_bytes_within(path, within, field="camera")
+    except (OSError, UnsafePathError):
+        return None

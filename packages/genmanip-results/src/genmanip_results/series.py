@@ -8,7 +8,10 @@ layouts"); artifacts plots from it and viz builds its ``.rrd`` from it:
   :func:`genmanip_protocol.codec.safe_loads` (nothing in the file is ever executed).
 
 Where the episode, its recording and its videos are is decided by
-:func:`genmanip_results.discovery.load_episode`; nothing here scans directories.
+:func:`genmanip_results.discovery.load_episode`; nothing here scans directories. The recording
+file is opened through :func:`genmanip_results.paths.open_within`, within the root the episode
+was found under (:attr:`~genmanip_results.discovery.EpisodeInfo.containment`): a ``steps.jsonl``
+or ``meta_record.pkl`` that is (or became, after the scan) a symlink out of it is never read.
 
 Bad-row policy (the same for every caller)
 ------------------------------------------
@@ -57,6 +60,7 @@ from genmanip_protocol.robots import CAMERA_ORDER, ROBOTS, RobotSpec
 
 from .errors import GenmanipResultsError
 from .layout import INCOMPLETE, META_RECORD, STEPS_JSONL
+from .paths import UnsafePathError, read_bytes_within
 
 if TYPE_CHECKING:
     from .discovery import EpisodeInfo
@@ -427,12 +431,23 @@ class _Parsed:
     issues: list[SeriesIssue] = field(default_factory=list)
 
 
-def _read_lines(path: Path, *, recording: bool, issues: _Issues) -> list[tuple[int, Any]]:
-    """``(line number, decoded JSON)`` of every usable line; unusable ones become issues."""
+def _read_within(path: Path, root: Path) -> bytes:
+    """The recording file's bytes, opened within ``root`` (:func:`read_bytes_within`)."""
     try:
-        data = path.read_bytes()
+        return read_bytes_within(path, root, field=path.name)
+    except UnsafePathError as exc:
+        raise SeriesError(
+            f"{path.name}: not read: it resolves outside the results root (symlink?)", path=path
+        ) from exc
     except OSError as exc:
         raise SeriesError(f"{path.name}: cannot read: {exc.strerror or exc}", path=path) from exc
+
+
+def _read_lines(
+    path: Path, root: Path, *, recording: bool, issues: _Issues
+) -> list[tuple[int, Any]]:
+    """``(line number, decoded JSON)`` of every usable line; unusable ones become issues."""
+    data = _read_within(path, root)
     lines = data.split(b"\n")
     complete_tail = data.endswith(b"\n")
     if complete_tail:
@@ -471,9 +486,9 @@ def _read_lines(path: Path, *, recording: bool, issues: _Issues) -> list[tuple[i
     return out
 
 
-def _series_from_steps(path: Path, *, recording: bool) -> _Parsed:
+def _series_from_steps(path: Path, root: Path, *, recording: bool) -> _Parsed:
     issues = _Issues(path.name)
-    rows = _read_lines(path, recording=recording, issues=issues)
+    rows = _read_lines(path, root, recording=recording, issues=issues)
     n_rows = len(rows) + sum(1 for i in issues.items if i.skipped)
     robot_id: str | None = None
     seen_steps: dict[int, int] = {}
@@ -770,15 +785,12 @@ def _records(value: Any, key: str, issues: _Issues) -> list[list[float] | None] 
     return out
 
 
-def _series_from_meta(path: Path, robot_hint: str | None) -> _Parsed:
+def _series_from_meta(path: Path, root: Path, robot_hint: str | None) -> _Parsed:
     from genmanip_protocol.codec import safe_loads
 
     name = path.name
     issues = _Issues(name)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise SeriesError(f"{name}: cannot read: {exc.strerror or exc}", path=path) from exc
+    data = _read_within(path, root)
     try:
         meta = safe_loads(data)
     except GenmanipError as exc:  # UnsafePayloadError (refused global), DecodeError (corrupt)
@@ -922,14 +934,14 @@ def load_series(episode: EpisodeInfo | str | os.PathLike[str]) -> EpisodeSeries:
         # While recording (INCOMPLETE and no result yet: result.json decides) the last line may be
         # the row being written.
         recording = not info.complete and (ep_dir / INCOMPLETE).exists()
-        parsed = _series_from_steps(source, recording=recording)
+        parsed = _series_from_steps(source, info.containment, recording=recording)
         # result.json (read by the results discovery) carries the instruction.
         parsed.instruction = info.instruction
         parsed.robot_id = parsed.robot_id or info.robot_id
     elif info.meta_record is not None and Path(info.meta_record).is_file():
         layout = "server"
         source = Path(info.meta_record)
-        parsed = _series_from_meta(source, info.robot_id)
+        parsed = _series_from_meta(source, info.containment, info.robot_id)
         parsed.instruction = parsed.instruction or info.instruction
     else:
         raise SeriesNotFoundError(

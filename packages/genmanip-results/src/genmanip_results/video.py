@@ -228,7 +228,11 @@ def _prepare_target(path: str | os.PathLike[str]) -> tuple[Path, Path]:
     p = Path(path)
     if not p.parent.is_dir():
         raise VideoError(f"cannot write {p}: directory {p.parent} does not exist")
-    return p, _part_path(p)
+    part = _part_path(p)
+    # ffmpeg -y truncates and follows whatever has that name: a leftover of a killed encoder, or
+    # a symlink planted there, is removed (the link only) so the encoder writes a new file.
+    _unlink(part)
+    return p, part
 
 
 class VideoWriter:

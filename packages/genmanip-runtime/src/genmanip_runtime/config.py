@@ -17,8 +17,10 @@ The file is TOML at ``$GMP_CONFIG``, else ``$XDG_CONFIG_HOME/genmanip/config.tom
     host = "leaderboard.example.org"
     port = 8000
 
-Tokens never appear in messages, and a config file holding a token that other users can read gets
-a warning (like ssh). See ``docs/configuration.md``.
+Tokens never appear in messages: every :class:`Secret` and every token :func:`resolve_token` finds
+is registered with :mod:`genmanip_runtime.redact`, whose scrubbing every output path of gmp applies
+(a server echoing a token back cannot get it printed). A config file holding a token that other
+users can read gets a warning (like ssh). See ``docs/configuration.md``.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from genmanip_protocol.errors import ConfigError
+
+from .redact import REDACTED, register_secret
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -61,7 +65,8 @@ class Secret:
     """A string that does not show itself: ``str()``, ``repr()`` and f-strings give ``'***'``.
 
     Call :meth:`reveal` at the one place the value is really needed (an ``Authorization`` header).
-    Equality compares the hidden values; truthiness is the value's.
+    Equality compares the hidden values; truthiness is the value's. Creating one registers the
+    value with :func:`genmanip_runtime.redact.register_secret`, so printed text never shows it.
     """
 
     __slots__ = ("_value",)
@@ -70,19 +75,20 @@ class Secret:
         if not isinstance(value, str):
             raise TypeError(f"Secret needs a str, got {type(value).__name__}")
         self._value = value
+        register_secret(value)
 
     def reveal(self) -> str:
         """The real value."""
         return self._value
 
     def __str__(self) -> str:
-        return "***"
+        return REDACTED
 
     def __repr__(self) -> str:
-        return "Secret('***')"
+        return f"Secret({REDACTED!r})"
 
     def __format__(self, spec: str) -> str:
-        return "***"
+        return REDACTED
 
     def __bool__(self) -> bool:
         return bool(self._value)
@@ -233,12 +239,26 @@ def resolve_token(
     whitespace is stripped; an empty value counts as unset.
 
     Returns a plain ``str`` (so it can go straight into an ``Authorization`` header); use
-    :func:`resolve_secret` to get a :class:`Secret` that cannot be printed by accident.
+    :func:`resolve_secret` to get a :class:`Secret` that cannot be printed by accident. Either way
+    the token is registered (:func:`genmanip_runtime.redact.register_secret`): whatever a server
+    echoes back, gmp's output scrubs it.
 
     Raises:
         ConfigError: the token in the config file is not a string, or ``token_file`` cannot be
             read. The message never contains the token.
     """
+    token = _find_token(flag_value, env_var, section, config=config)
+    register_secret(token)
+    return token
+
+
+def _find_token(
+    flag_value: str | Secret | None,
+    env_var: str | None,
+    section: str | None,
+    *,
+    config: Mapping[str, Any] | None,
+) -> str | None:
     if isinstance(flag_value, Secret):
         flag_value = flag_value.reveal()
     if flag_value is not None and flag_value.strip():

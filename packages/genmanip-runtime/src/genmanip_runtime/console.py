@@ -9,7 +9,13 @@ Rules this module enforces so commands do not have to:
   loop's state) -- is redrawn in place (``\\r``) **only on a TTY**, and cleared before any other
   message is written (then drawn again under it); piped or redirected output gets no live-line
   noise at all (the caller may print one summary). One live line per console at a time;
-* ``quiet`` silences everything but errors, ``verbose`` enables :meth:`Console.debug`.
+* ``quiet`` silences everything but errors, ``verbose`` enables :meth:`Console.debug`;
+* nothing it prints can drive the terminal or show a secret: message text, table cells and live
+  lines go through :func:`genmanip_runtime.text.safe_text` (registered secrets scrubbed, control
+  characters escaped, one line per message) *before* gmp's own styling is added, so a server's
+  text cannot carry ``ESC`` sequences, carriage returns or bidi overrides to the screen while gmp's
+  colours still work. :meth:`Console.write` scrubs secrets but writes control characters as
+  given: it is for gmp's own text (a prompt).
 
 Safe to use from several threads (the eval workers update one :class:`Progress`).
 """
@@ -23,6 +29,9 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TextIO
+
+from .redact import scrub_secrets
+from .text import safe_text
 
 __all__ = ["STYLES", "Console", "Progress", "StatusLine", "format_duration", "table"]
 
@@ -122,7 +131,13 @@ class Console:
         return f"\x1b[{codes}m{text}\x1b[0m"
 
     def write(self, text: str) -> None:
-        """Write ``text`` as is (above a live progress line, which is redrawn afterwards)."""
+        """Write ``text`` (above a live progress line, which is redrawn afterwards).
+
+        Secrets are scrubbed; control characters are kept (gmp's own styled text comes this way).
+        """
+        self._emit(scrub_secrets(text))
+
+    def _emit(self, text: str) -> None:
         with self.lock:
             live = self._live
             if live is not None:
@@ -133,7 +148,9 @@ class Console:
             self.stream.flush()
 
     def _message(self, prefix: str, styles: tuple[str, ...], msg: str) -> None:
-        self.write(f"{self.style(prefix, *styles)} {msg}\n" if prefix else f"{msg}\n")
+        # The one output boundary of messages: made safe first, styled after (see the module doc).
+        text = safe_text(msg)
+        self._emit(f"{self.style(prefix, *styles)} {text}\n" if prefix else f"{text}\n")
 
     def info(self, msg: str) -> None:
         """A normal message (silent with ``quiet``)."""
@@ -252,7 +269,8 @@ class _LiveLine:
             return
         self._last_draw = now
         width = self.console.width() - 1
-        text = self.line()
+        # Fields of a live line may be a server's text (a task's queue status).
+        text = safe_text(self.line())
         if len(text) > width:
             text = text[: max(0, width - 1)] + "…"
         self.console.stream.write("\r\x1b[2K" + text)
@@ -391,8 +409,11 @@ def table(
     """Plain-text table: columns aligned, numbers right-aligned, a dashed rule under the header.
 
     ``rows`` are sequences in ``headers`` order or mappings keyed by header. ``None`` renders as
-    ``-``. Returns the text with a trailing newline (no ANSI codes, safe to pipe).
+    ``-``. Returns the text with a trailing newline (no ANSI codes, safe to pipe): every cell and
+    header goes through :func:`genmanip_runtime.text.safe_text` (cells are task names and ids a
+    server chose).
     """
+    shown = [safe_text(h) for h in headers]
     cells: list[list[str]] = []
     numeric = [True] * len(headers)
     for row in rows:
@@ -406,9 +427,9 @@ def table(
                 continue
             if not _is_number(v):
                 numeric[i] = False
-            out.append(float_format.format(v) if isinstance(v, float) else str(v))
+            out.append(float_format.format(v) if isinstance(v, float) else safe_text(v))
         cells.append(out)
-    widths = [len(h) for h in headers]
+    widths = [len(h) for h in shown]
     for r in cells:
         for i, c in enumerate(r):
             widths[i] = max(widths[i], len(c))
@@ -420,6 +441,6 @@ def table(
             parts.append(c.rjust(widths[i]) if right or (header and numeric[i] and cells) else c.ljust(widths[i]))
         return "  ".join(parts).rstrip()
 
-    lines = [fmt(list(headers), header=True), "  ".join("-" * w for w in widths)]
+    lines = [fmt(shown, header=True), "  ".join("-" * w for w in widths)]
     lines.extend(fmt(r) for r in cells)
     return "\n".join(lines) + "\n"

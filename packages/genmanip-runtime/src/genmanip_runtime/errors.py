@@ -8,7 +8,9 @@ Tree (every class carries an ``exit_code``)::
         LockTimeout                  7  a file lock was not taken in time
         TransportError               5  an HTTP exchange failed (route, sent, maybe_executed)
           ConnectError               6  the server could not be reached; nothing was sent
-          RequestTimeout             7  a call exceeded its time limit
+          RequestTimeout             7  a call exceeded its time limit (the whole exchange)
+          ResponseTooLarge           5  the reply body exceeds the call's size limit
+          UnexpectedReply            5  a 2xx reply the caller cannot use (content type, empty)
           HTTPStatusError            5  a non-2xx status (status, detail)
             AuthError                8  401/403
 """
@@ -27,7 +29,9 @@ __all__ = [
     "InsecureTransportError",
     "LockTimeout",
     "RequestTimeout",
+    "ResponseTooLarge",
     "TransportError",
+    "UnexpectedReply",
 ]
 
 
@@ -93,13 +97,54 @@ class ConnectError(TransportError):
     exit_code = ExitCode.UNREACHABLE
 
 class RequestTimeout(TransportError):
-    """A call exceeded its time limit; the message names the call and the limit."""
+    """A call exceeded its time limit; the message names the call and the limit.
+
+    The limit is a deadline for the whole exchange (connect, send, status line, headers, body), so
+    a server trickling its reply a byte at a time is cut at the limit too.
+    """
 
     exit_code = ExitCode.TIMEOUT
 
     def __init__(self, message: str, *, timeout: float, **kwargs: Any) -> None:
         super().__init__(message, **kwargs)
         self.timeout = timeout
+
+
+class ResponseTooLarge(TransportError):
+    """The reply body is larger than the call's limit (``limit`` bytes); nothing beyond it was read.
+
+    ``declared`` is the ``Content-Length`` when the server announced the size (refused before a
+    byte of the body was read), ``None`` for a chunked or read-until-close body (stopped once it
+    passed the limit). ``status`` is the reply's status code.
+    """
+
+    def __init__(
+        self, message: str, *, limit: int, declared: int | None = None, status: int = 0,
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("sent", True)
+        super().__init__(message, **kwargs)
+        self.limit = limit
+        self.declared = declared
+        self.status = status
+
+
+class UnexpectedReply(TransportError):
+    """A 2xx reply the caller cannot use: the wrong ``Content-Type`` or an empty body.
+
+    ``expected`` is the media type the caller asked for, ``content_type`` the one the server sent
+    (``""`` when none). The server did answer with success, so it may have acted on the request.
+    """
+
+    def __init__(
+        self, message: str, *, status: int, content_type: str, expected: str, **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("sent", True)
+        kwargs.setdefault("maybe_executed", True)
+        super().__init__(message, **kwargs)
+        self.status = status
+        self.content_type = content_type
+        self.expected = expected
 
 class HTTPStatusError(TransportError):
     """The server answered with a non-2xx status. ``detail`` is the server's ``detail`` text."""

@@ -12,6 +12,16 @@ per call (the reference client) costs more again. What this module adds over bar
   ``/step`` is never replayed behind the caller's back (``TransportError.maybe_executed``);
 * typed errors (:class:`ConnectError`, :class:`RequestTimeout` naming route and limit,
   :class:`HTTPStatusError` / :class:`AuthError` carrying the server's ``detail``);
+* a deadline for the whole exchange: a call's ``timeout`` bounds connect + send + status line +
+  headers + body, enforced before every ``recv`` (a server trickling its reply a byte at a time is
+  cut at the limit, which a per-``recv`` timeout alone never does);
+* a bound on the reply body (``max_reply_bytes``), checked against ``Content-Length`` before
+  anything is allocated and while a chunked or read-until-close body arrives
+  (:class:`ResponseTooLarge`);
+* one place that judges a reply (:meth:`Response.raise_for_status`): anything but 2xx is an
+  error -- a redirect is never followed (the request carries the token), a 1xx without a final
+  reply is refused -- and a 2xx must carry the media type the caller expects (``expect``) and a
+  body (:class:`UnexpectedReply`);
 * the bearer token never appears in ``repr``, errors or logs, and TLS verification cannot be
   turned off (an extra CA file can be trusted instead).
 
@@ -22,8 +32,10 @@ connection: give each worker thread its own transport for parallelism.
 from __future__ import annotations
 
 import http.client
+import io
 import json as _json
 import logging
+import math
 import os
 import secrets
 import select
@@ -34,15 +46,27 @@ import time
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from genmanip_protocol.errors import ConfigError, DecodeError
 
 from .__about__ import __version__
-from .errors import AuthError, ConnectError, HTTPStatusError, RequestTimeout, TransportError
+from .errors import (
+    AuthError,
+    ConnectError,
+    HTTPStatusError,
+    RequestTimeout,
+    ResponseTooLarge,
+    TransportError,
+    UnexpectedReply,
+)
 from .netpolicy import check_plain_http
+from .text import safe_text
 
-__all__ = ["HttpTransport", "Response", "build_base_url"]
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
+
+__all__ = ["DEFAULT_MAX_REPLY_BYTES", "HttpTransport", "Response", "build_base_url", "reply_json"]
 
 _log = logging.getLogger(__name__)
 
@@ -52,7 +76,31 @@ IDLE_RECONNECT_S = 4.0
 #: Bodies up to this size are appended to the header block and leave in one ``send``.
 _SINGLE_SEND_MAX = 256 * 1024
 _DETAIL_MAX = 600
+_REASON_MAX = 80
+_SCRUB_MARGIN = 4096
 _UPLOAD_CHUNK = 1024 * 1024
+
+#: The largest reply body a call accepts unless it says otherwise (``max_reply_bytes``): 512 MiB.
+#: Derived from the largest legitimate reply, a ``/step`` or ``/reset_result`` for every worker of
+#: a run with raw camera frames:
+#:
+#: * one observation of the biggest robot, lift2 R5a on EBench: two 640x480 wrist cameras and two
+#:   1280x720 cameras, raw RGB = 2*480*640*3 + 2*720*1280*3 = 7,372,800 bytes (state is ~100 B);
+#: * times 32 workers, the most one run may drive (reference facts section 10): 236 MB;
+#: * times the chunk factor: 1, because a ``/step_chunk`` reply carries only the last executed
+#:   step's observation per worker (facts section 4), however long the chunk;
+#: * times 4/3 for a server that sends frames base64-encoded (tagged arrays of the legacy wire):
+#:   315 MB, rounded up to a power of two for headroom.
+#:
+#: A body above it is refused before a byte of it is allocated (a declared ``Content-Length``) or
+#: as soon as it passes the limit (chunked, read-until-close), instead of ending in MemoryError.
+DEFAULT_MAX_REPLY_BYTES = 512 * 1024 * 1024
+#: A chunked or read-until-close body is read in pieces of this size (each bounded by the limit).
+_READ_PIECE = 1024 * 1024
+#: Buffer of the deadline-bound reader: one ``recv`` takes a small reply and its headers whole.
+_READ_BUFFER = 64 * 1024
+#: How much of an unexpected body a message quotes.
+_SNIPPET = 80
 
 _QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
 
@@ -74,6 +122,17 @@ def build_base_url(url: str | None = None, host: str | None = None, port: int | 
     return f"{scheme}://{h}:{port}" if port else f"{scheme}://{h}"
 
 
+def reply_json(body: bytes | str) -> Any:
+    """A reply body parsed as JSON: the one JSON reader of every client (via :meth:`Response.json`
+    or directly). Raises ``ValueError`` for anything that is not JSON -- invalid UTF-8, an int of
+    more than 4300 digits, and nesting deeper than the interpreter's stack (100k ``[``), which
+    ``json.loads`` reports as ``RecursionError``."""
+    try:
+        return _json.loads(body)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+
+
 @dataclass
 class Response:
     """One HTTP reply. ``body`` is the whole body (bytes); ``elapsed_s`` is send-to-last-byte time.
@@ -91,6 +150,8 @@ class Response:
     # The sending transport's token, so that detail() and raise_for_status() scrub a server that
     # echoes credentials back even when the caller does not pass it (found by tests/reliability).
     scrub_token: str | None = field(default=None, repr=False, compare=False)
+    #: What the server should be ("a GenManip eval server"), named when a reply is not one's.
+    service: str | None = field(default=None, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -105,12 +166,12 @@ class Response:
     def json(self) -> Any:
         """The body parsed as JSON; :class:`DecodeError` naming the route when it is not JSON."""
         try:
-            return _json.loads(self.body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            snippet = self.body[:80].decode("utf-8", "replace")
+            return reply_json(self.body)
+        except ValueError as exc:
             raise DecodeError(
                 f"{self.method} {self.route}: reply is not JSON ({exc.__class__.__name__}: "
-                f"{exc}); body starts {snippet!r}",
+                f"{safe_text(str(exc), limit=120)}); body starts "
+                f"{_snippet(self.body, self.scrub_token)!r}",
                 codec="json",
             ) from None
 
@@ -118,10 +179,24 @@ class Response:
         """The server's error text: ``{"detail": ...}`` of a JSON body, else the text body."""
         return _scrub(_extract_detail(self.body, self.content_type), self.scrub_token)
 
-    def raise_for_status(self, *, token: str | None = None) -> Response:
-        """Raise :class:`HTTPStatusError` (:class:`AuthError` for 401/403) unless 2xx/3xx."""
-        if self.status >= 400:
-            raise _status_error(self, token or self.scrub_token)
+    def raise_for_status(self, *, token: str | None = None, expect: str | None = None) -> Response:
+        """Judge the reply; return it when it is a usable success. The one place of every status class:
+
+        * 1xx (an interim reply with no final one after it, e.g. 101 Switching Protocols), 3xx (a
+          redirect is never followed: the request carries the token) and 4xx/5xx raise
+          :class:`HTTPStatusError` (:class:`AuthError` for 401/403) saying what the server answered;
+        * a 2xx is returned -- unless ``expect`` names the media type the caller decodes and the
+          body is empty (204 included) or of another type: :class:`UnexpectedReply`.
+          ``"application/octet-stream"`` (RFC 2046: any binary data) accepts every non-textual
+          type and a reply without one; ``"application/json"`` accepts ``*/*+json`` too.
+        """
+        tok = token or self.scrub_token
+        if not 200 <= self.status < 300:
+            raise _status_error(self, tok)
+        if expect is not None:
+            got = self.content_type
+            if not self.body or not _media_matches(got, expect):
+                raise _unexpected_reply(self, expect, tok)
         return self
 
 
@@ -135,32 +210,99 @@ def _extract_detail(body: bytes, content_type: str) -> str:
         if isinstance(obj, dict) and "detail" in obj:
             d = obj["detail"]
             text = d if isinstance(d, str) else _json.dumps(d, ensure_ascii=False)
+    # Made safe (registered secrets out, controls escaped) *before* the cut, so that no token's
+    # prefix survives at the cut; the caller scrubs its own token in _scrub.
+    return _scrub(text, None)
+
+
+def _scrub(text: str, token: str | None) -> str:
+    """Server text as it may appear in a message: :func:`~genmanip_runtime.text.safe_text` (every
+    registered secret and ``token`` in all their forms, controls escaped, one line), then cut to
+    about ``_DETAIL_MAX`` characters. Idempotent, so details may pass through it twice."""
+    if len(text) > _DETAIL_MAX + 2 * _SCRUB_MARGIN:
+        # Only what can be shown is made safe (a huge error body costs no time); the margins keep
+        # a token that crosses a cut whole, so that it is scrubbed rather than its prefix shown.
+        text = f"{text[: _DETAIL_MAX + _SCRUB_MARGIN]} ... {text[-(_DETAIL_MAX + _SCRUB_MARGIN):]}"
+    text = safe_text(text, tokens=(token,))
     if len(text) > _DETAIL_MAX:
         # Remote tracebacks (RayTaskError) are long; the head names the error, the tail its cause.
         text = f"{text[: _DETAIL_MAX - 200]} ... {text[-180:]}"
     return text
 
 
-def _scrub(text: str, token: str | None) -> str:
-    if token and token in text:
-        text = text.replace(token, "***")
-    return text
+def _media_matches(got: str, expect: str) -> bool:
+    if got == expect:
+        return True
+    if expect == "application/octet-stream":
+        # The generic binary type: whatever a binary wire is labelled (or not), but never a page
+        # or a document (an HTML error page, a JSON error, plain text from a proxy).
+        return not (got.startswith(("text/", "multipart/"))
+                    or got.endswith(("json", "xml", "html", "javascript")))
+    return expect.endswith("/json") and got.endswith("+json")
+
+
+def _snippet(body: bytes, token: str | None) -> str:
+    text = safe_text(body[: _SNIPPET * 4].decode("utf-8", "replace"), tokens=(token,))
+    return text[:_SNIPPET] + ("..." if len(text) > _SNIPPET or len(body) > _SNIPPET * 4 else "")
+
+
+def _reason(resp: Response, token: str | None) -> str:
+    # The reason phrase is the server's text too (a hostile one puts escapes or the token there).
+    reason = safe_text(resp.reason, limit=_REASON_MAX, tokens=(token,)) if resp.reason else ""
+    return reason or http.client.responses.get(resp.status, "")
+
+
+def _unexpected_reply(resp: Response, expect: str, token: str | None) -> UnexpectedReply:
+    got = resp.content_type
+    if not resp.body:
+        sent = "an empty body"
+    else:
+        shown = safe_text(got, limit=_REASON_MAX) if got else "no Content-Type"
+        sent = f"{shown} ({len(resp.body):,} bytes, starting {_snippet(resp.body, token)!r})"
+    msg = (f"{resp.method} {resp.route}: the server answered HTTP {resp.status} "
+           f"{_reason(resp, token)} with {sent}, expected {expect}")
+    if resp.service:
+        msg += f": this does not look like {resp.service}"
+    return UnexpectedReply(
+        msg, status=resp.status, content_type=got, expected=expect, route=resp.route,
+        hint="check the URL: is it the server itself (not a proxy's login or error page)?",
+    )
 
 
 def _status_error(resp: Response, token: str | None) -> HTTPStatusError:
     detail = _scrub(resp.detail(), token)
-    reason = resp.reason or http.client.responses.get(resp.status, "")
-    msg = f"{resp.method} {resp.route} failed: HTTP {resp.status} {reason}".rstrip()
-    if detail:
+    status = resp.status
+    msg = f"{resp.method} {resp.route} failed: HTTP {status} {_reason(resp, token)}".rstrip()
+    hint: str | None = None
+    if 300 <= status < 400:
+        location = resp.headers.get("location")
+        if location:
+            # Never followed: the request carries the token, and a GenManip server never
+            # redirects; the target is named so that the user can decide.
+            detail = safe_text(location, limit=200, tokens=(token,))
+            msg += f", a redirect to {detail!r} (not followed: the request carries credentials)"
+            hint = "if that address is the right server, pass it instead (--url / --base-url / --host)"
+        else:
+            msg += ", expected a 2xx reply"
+            if detail:
+                msg += f": {detail}"
+    elif status < 200:
+        msg += ", an interim reply with no final reply after it"
+    elif detail:
         msg += f": {detail}"
+    if resp.service and status < 400:
+        msg += f"; this does not look like {resp.service}"
     kwargs: dict[str, Any] = {
-        "status": resp.status,
+        "status": status,
         "detail": detail,
         "route": resp.route,
         "sent": True,
-        # A 4xx means the server refused the request; a 5xx (504 included) may have acted on it.
-        "maybe_executed": resp.status >= 500,
+        # A 4xx means the server refused the request; a 5xx (504 included) may have acted on it;
+        # so may one that answered "still processing" (1xx); a redirect came before any work.
+        "maybe_executed": status >= 500 or status < 200,
     }
+    if hint is not None:
+        kwargs["hint"] = hint
     if resp.status in (401, 403):
         return AuthError(
             msg,
@@ -178,11 +320,16 @@ class HttpTransport:
         base_url: ``http://host:port`` or ``https://host[:port]/prefix``; request paths are
             appended to it.
         token: bearer token sent as ``Authorization: Bearer ...``; never shown.
-        timeout: default per-call limit in seconds (per socket operation while waiting).
+        timeout: default per-call limit in seconds: a deadline for the whole exchange (connect,
+            send, status line, headers and body), not per socket operation.
         ca_file: extra PEM CA bundle to trust for ``https`` (verification is always on).
         headers: headers sent with every request.
         user_agent: the ``User-Agent`` header.
-        connect_timeout: limit for establishing the connection (default ``min(timeout, 10)``).
+        connect_timeout: limit for establishing the connection (default ``min(timeout, 10)``),
+            within the call's deadline.
+        max_reply_bytes: default largest reply body accepted (:data:`DEFAULT_MAX_REPLY_BYTES`).
+        service: what the server should be, e.g. ``"a GenManip eval server"``: named in the
+            error about a reply that is not one's (a redirect, an HTML page).
     """
 
     def __init__(
@@ -195,6 +342,8 @@ class HttpTransport:
         headers: Mapping[str, str] | None = None,
         user_agent: str = f"gmp/{__version__}",
         connect_timeout: float | None = None,
+        max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
+        service: str | None = None,
     ) -> None:
         parts = urllib.parse.urlsplit(base_url.strip())
         if parts.scheme not in ("http", "https"):
@@ -205,8 +354,8 @@ class HttpTransport:
             raise ConfigError("credentials in the server URL are not supported; use a token")
         if not parts.hostname:
             raise ConfigError(f"server URL has no host: {base_url!r}")
-        if timeout is None or timeout <= 0:
-            raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        _check_timeout(timeout)
+        _check_max_bytes(max_reply_bytes)
         self.scheme = parts.scheme
         self.host = parts.hostname
         try:
@@ -229,7 +378,12 @@ class HttpTransport:
         self._headers: dict[str, str] = {"User-Agent": user_agent, "Accept": "*/*"}
         if headers:
             self._headers.update(headers)
+        self.max_reply_bytes = int(max_reply_bytes)
+        self.service = service
         self._conn: http.client.HTTPConnection | None = None
+        # The current call's deadline, read by every connection's reply parser before each recv.
+        self._deadline = _Deadline()
+        self._response_class = _response_class(self._deadline)
         self._last_used = 0.0
         self._exchanges = 0  # completed exchanges on the current connection
         self._lock = threading.RLock()
@@ -269,6 +423,8 @@ class HttpTransport:
         route_name: str | None = None,
         idempotent: bool = False,
         raise_for_status: bool = True,
+        expect: str | None = None,
+        max_reply_bytes: int | None = None,
     ) -> Response:
         """Send one request and read the whole reply.
 
@@ -277,18 +433,23 @@ class HttpTransport:
             path: route below the base URL (``/step``).
             body: raw request body; ``json``: an object to send as JSON instead.
             query: query parameters (``None`` values are left out).
-            timeout: this call's limit in seconds (default: the transport's).
+            timeout: this call's deadline in seconds, for the whole exchange (default: the
+                transport's); a resend after a dead reused connection stays within it.
             route_name: name used in errors (default: ``path``).
             idempotent: the call may be resent once if a reused connection turns out dead
                 before any reply byte arrived. Never set it for ``/step``-like calls.
-            raise_for_status: raise :class:`HTTPStatusError` for 4xx/5xx (default) or return
-                the response for the caller to inspect.
+            raise_for_status: judge the reply (:meth:`Response.raise_for_status`: anything but
+                2xx raises; default) or return it for the caller to inspect.
+            expect: the media type the caller decodes; with ``raise_for_status`` a 2xx reply of
+                another type, or with an empty body, raises :class:`UnexpectedReply`.
+            max_reply_bytes: largest reply body accepted (default: the transport's).
 
         Raises:
             ConnectError: could not connect (nothing was sent).
-            RequestTimeout: no reply within ``timeout``; the message names route and limit.
+            RequestTimeout: no complete reply within ``timeout``; names route and limit.
+            ResponseTooLarge: the body is larger than ``max_reply_bytes`` (not read).
             TransportError: the connection failed mid-call (``maybe_executed`` is true).
-            HTTPStatusError, AuthError: 4xx/5xx when ``raise_for_status``.
+            HTTPStatusError, AuthError, UnexpectedReply: when ``raise_for_status``.
         """
         if json is not None:
             if body is not None:
@@ -296,19 +457,21 @@ class HttpTransport:
             body = _json.dumps(json, separators=(",", ":")).encode()
             content_type = content_type or "application/json"
         route = route_name or path
-        limit = self.timeout if timeout is None else float(timeout)
+        limit = self.timeout if timeout is None else _check_timeout(float(timeout))
+        max_bytes = self.max_reply_bytes if max_reply_bytes is None else _check_max_bytes(max_reply_bytes)
         target = self._target(path, query)
         hdrs = self._request_headers(headers, content_type, body)
         payload = bytes(body) if isinstance(body, (bytearray, memoryview)) else body
 
         with self._lock:
+            self._deadline.start(limit)
             attempt = 0
             while True:
                 attempt += 1
                 reused = self._prepare(route)
                 t0 = time.perf_counter()
                 try:
-                    resp = self._exchange(method, target, hdrs, payload, limit)
+                    resp = self._exchange(method, target, hdrs, payload, max_bytes)
                 except _EarlyFailure as exc:
                     # The connection died before any reply byte. On a reused connection this is
                     # usually the server having closed it just now: resend once if allowed.
@@ -326,6 +489,9 @@ class HttpTransport:
                         hint=None if idempotent else "the server may have executed the request; "
                         "it was not resent",
                     ) from exc.cause
+                except _TooLarge as exc:
+                    self._drop()
+                    raise exc.error(method, route, max_bytes) from None
                 except TimeoutError as exc:
                     self._drop()
                     raise RequestTimeout(
@@ -352,13 +518,11 @@ class HttpTransport:
                 break
             status, reason, rheaders, data, will_close = resp
             elapsed = time.perf_counter() - t0
-            self._last_used = time.monotonic()
-            self._exchanges += 1
-            if will_close:
-                self._drop()
-        response = Response(status, rheaders, data, elapsed, method, route, reason, self._token)
-        if raise_for_status and status >= 400:
-            raise _status_error(response, self._token)
+            self._finished(status, will_close)
+        response = Response(status, rheaders, data, elapsed, method, route, reason, self._token,
+                            self.service)
+        if raise_for_status:
+            response.raise_for_status(expect=expect)
         return response
 
     def get(self, path: str, **kwargs: Any) -> Response:
@@ -382,15 +546,19 @@ class HttpTransport:
         timeout: float | None = None,
         route_name: str | None = None,
         raise_for_status: bool = True,
+        expect: str | None = None,
+        max_reply_bytes: int | None = None,
     ) -> Response:
         """Upload ``multipart/form-data``: text ``fields`` and ``files`` streamed from disk.
 
         ``files`` maps a field name to ``(filename, path, content_type)``. ``progress`` is called
         with the cumulative number of body bytes sent (after each chunk, up to the total). Uploads
-        are never resent automatically.
+        are never resent automatically. ``timeout`` is the deadline of the whole upload and its
+        reply; ``raise_for_status``, ``expect`` and ``max_reply_bytes`` as for :meth:`request`.
         """
         route = route_name or path
-        limit = self.timeout if timeout is None else float(timeout)
+        limit = self.timeout if timeout is None else _check_timeout(float(timeout))
+        max_bytes = self.max_reply_bytes if max_reply_bytes is None else _check_max_bytes(max_reply_bytes)
         boundary = "gmp-" + secrets.token_hex(16)
         pieces: list[bytes | tuple[str, int]] = []
         for name, value in fields.items():
@@ -415,14 +583,15 @@ class HttpTransport:
         hdrs["Content-Length"] = str(total)
 
         with self._lock:
+            self._deadline.start(limit)
             self._prepare(route)
             conn = self._conn
             assert conn is not None
             assert conn.sock is not None
-            conn.sock.settimeout(limit)
             t0 = time.perf_counter()
             sent = 0
             try:
+                self._arm(conn)
                 conn.putrequest(method, self._target(path, None), skip_accept_encoding=True)
                 for k, v in hdrs.items():
                     conn.putheader(k, v)
@@ -431,6 +600,7 @@ class HttpTransport:
                 view = memoryview(buf)
                 for piece in pieces:
                     if isinstance(piece, bytes):
+                        self._arm(conn)
                         conn.send(piece)
                         sent += len(piece)
                     else:
@@ -439,6 +609,9 @@ class HttpTransport:
                                 n = fh.readinto(buf)
                                 if not n:
                                     break
+                                # Each send may wait only for what is left of the deadline: a
+                                # server reading a byte at a time is cut at the limit too.
+                                self._arm(conn)
                                 conn.send(view[:n])
                                 sent += n
                                 if progress is not None:
@@ -446,7 +619,10 @@ class HttpTransport:
                 if progress is not None:
                     progress(sent)
                 rhttp = conn.getresponse()
-                data = rhttp.read()
+                data = _read_body(rhttp, max_bytes)
+            except _TooLarge as exc:
+                self._drop()
+                raise exc.error(method, route, max_bytes) from None
             except TimeoutError as exc:
                 self._drop()
                 raise RequestTimeout(
@@ -460,16 +636,17 @@ class HttpTransport:
                     f"bytes ({_describe(exc)})",
                     route=route, sent=sent > 0, maybe_executed=sent >= total,
                 ) from exc
+            except BaseException:
+                self._drop()  # Ctrl-C mid-upload: this connection cannot carry another request
+                raise
             elapsed = time.perf_counter() - t0
-            self._last_used = time.monotonic()
-            self._exchanges += 1
-            if rhttp.will_close:
-                self._drop()
+            self._finished(rhttp.status, bool(rhttp.will_close))
         response = Response(
-            rhttp.status, rhttp.headers, data, elapsed, method, route, rhttp.reason, self._token
+            rhttp.status, rhttp.headers, data, elapsed, method, route, rhttp.reason, self._token,
+            self.service,
         )
-        if raise_for_status and response.status >= 400:
-            raise _status_error(response, self._token)
+        if raise_for_status:
+            response.raise_for_status(expect=expect)
         return response
 
     def close(self) -> None:
@@ -494,11 +671,15 @@ class HttpTransport:
         state["_conn"] = None
         state["_lock"] = None
         state["_ssl"] = None
+        state["_deadline"] = None
+        state["_response_class"] = None  # a class made per transport: not picklable
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.RLock()
+        self._deadline = _Deadline()
+        self._response_class = _response_class(self._deadline)
         self._exchanges = 0
         if self.scheme == "https":
             self._ssl = ssl.create_default_context(cafile=self._ca_file)
@@ -546,13 +727,20 @@ class HttpTransport:
         return False
 
     def _connect(self, route: str) -> None:
+        # Connecting is part of the call's deadline (a resend after a dead connection included).
+        wait = min(self.connect_timeout, self._deadline.remaining())
+        if wait <= 0:
+            raise RequestTimeout(
+                f"{route} timed out after {self._deadline.limit:g} s (before connecting)",
+                timeout=self._deadline.limit, route=route,
+            )
         conn: http.client.HTTPConnection
         if self._ssl is not None:
-            conn = http.client.HTTPSConnection(
-                self.host, self.port, timeout=self.connect_timeout, context=self._ssl
-            )
+            conn = http.client.HTTPSConnection(self.host, self.port, timeout=wait, context=self._ssl)
         else:
-            conn = http.client.HTTPConnection(self.host, self.port, timeout=self.connect_timeout)
+            conn = http.client.HTTPConnection(self.host, self.port, timeout=wait)
+        # Replies are parsed through the deadline-bound reader (see _DeadlineResponse).
+        conn.response_class = self._response_class
         try:
             conn.connect()
         except ssl.SSLCertVerificationError as exc:
@@ -566,7 +754,7 @@ class HttpTransport:
         except TimeoutError as exc:
             conn.close()
             raise ConnectError(
-                f"cannot connect to {self.base_url}: no answer within {self.connect_timeout:g} s",
+                f"cannot connect to {self.base_url}: no answer within {wait:g} s",
                 route=route,
             ) from exc
         except OSError as exc:
@@ -586,13 +774,32 @@ class HttpTransport:
         self._last_used = time.monotonic()
         self.connections_opened += 1
 
+    def _arm(self, conn: http.client.HTTPConnection) -> None:
+        """Let the next socket operation wait only for what is left of the call's deadline."""
+        left = self._deadline.remaining()
+        if left <= 0:
+            raise TimeoutError("the call's deadline passed")
+        assert conn.sock is not None
+        conn.sock.settimeout(left)
+
+    def _finished(self, status: int, will_close: bool) -> None:
+        """Book-keeping after a reply was read whole."""
+        self._last_used = time.monotonic()
+        self._exchanges += 1
+        # After a 1xx that is not followed by a final reply (101 Switching Protocols) the
+        # connection no longer speaks HTTP/1.1 to us.
+        if will_close or status < 200:
+            self._drop()
+
     def _exchange(
-        self, method: str, target: str, hdrs: dict[str, str], body: bytes | None, limit: float
+        self, method: str, target: str, hdrs: dict[str, str], body: bytes | None, max_bytes: int
     ) -> tuple[int, str, http.client.HTTPMessage, bytes, bool]:
         conn = self._conn
         assert conn is not None and conn.sock is not None
-        conn.sock.settimeout(limit)
         try:
+            # sendall() under a timeout bounds the whole send (Python >= 3.5), so one arming
+            # covers the request; the reply's every recv is armed by _DeadlineReader.
+            self._arm(conn)
             conn.putrequest(method, target, skip_host=False, skip_accept_encoding=True)
             for k, v in hdrs.items():
                 conn.putheader(k, v)
@@ -622,7 +829,7 @@ class HttpTransport:
         except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as exc:
             # Closed without a single reply byte: the request may not have been processed.
             raise _EarlyFailure(exc) from exc
-        data = resp.read()
+        data = _read_body(resp, max_bytes)
         return resp.status, resp.reason, resp.headers, data, bool(resp.will_close)
 
     def _drop(self) -> None:
@@ -641,6 +848,152 @@ class _EarlyFailure(Exception):
     def __init__(self, cause: BaseException) -> None:
         super().__init__(str(cause))
         self.cause = cause
+
+
+class _TooLarge(Exception):
+    """The reply body passed the call's limit (``declared``: its Content-Length, if any)."""
+
+    def __init__(self, status: int, declared: int | None) -> None:
+        super().__init__(status, declared)
+        self.status = status
+        self.declared = declared
+
+    def error(self, method: str, route: str, limit: int) -> ResponseTooLarge:
+        if self.declared is not None:
+            what = f"declares {self.declared:,} bytes (Content-Length)"
+        else:
+            what = "passed that size (chunked or read until close; the rest was not read)"
+        return ResponseTooLarge(
+            f"{method} {route}: the reply (HTTP {self.status}) is larger than the {limit:,}-byte "
+            f"limit: it {what}",
+            limit=limit, declared=self.declared, status=self.status, route=route,
+            # the server answered: it may have acted, unless it refused (4xx)
+            maybe_executed=not 400 <= self.status < 500,
+        )
+
+
+class _Deadline:
+    """The end of the current call on a transport (``time.monotonic()`` seconds) and its limit."""
+
+    __slots__ = ("at", "limit")
+
+    def __init__(self) -> None:
+        self.at = math.inf
+        self.limit = math.inf
+
+    def start(self, limit: float) -> None:
+        self.limit = limit
+        self.at = time.monotonic() + limit
+
+    def remaining(self) -> float:
+        return self.at - time.monotonic()
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The socket as a raw stream whose every ``recv`` waits at most until the deadline.
+
+    http.client reads the status line and the headers line by line and a body in large reads; a
+    per-recv timeout never fires while a server sends one byte per second. Arming each recv with
+    what is left of the call makes the call's limit a deadline for all of it. Does not own the
+    socket: it reads through the socket's own raw file (``makefile``), which keeps the socket open
+    until the reply is read even when http.client closes the connection right after the headers
+    (``Connection: close``), exactly as http.client's own reader does.
+    """
+
+    def __init__(self, sock: socket.socket, deadline: _Deadline) -> None:
+        super().__init__()
+        self._sock = sock
+        self._raw = sock.makefile("rb", buffering=0)
+        self._deadline = deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: WriteableBuffer) -> int | None:
+        left = self._deadline.remaining()
+        if left <= 0:
+            raise TimeoutError("the call's deadline passed while reading the reply")
+        self._sock.settimeout(left)
+        return self._raw.readinto(buffer)
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+class _DeadlineResponse(http.client.HTTPResponse):
+    """http.client's reply parser, reading through :class:`_DeadlineReader`.
+
+    Also: interim replies other than ``100 Continue`` (102, 103) are skipped like 100 is, and a
+    negative chunk size is refused (``int("-1", 16)`` would make http.client read until the peer
+    closes, without any bound).
+    """
+
+    deadline: _Deadline  # set by _response_class
+
+    def __init__(
+        self, sock: socket.socket, debuglevel: int = 0, method: str | None = None,
+        url: str | None = None,
+    ) -> None:
+        super().__init__(sock, debuglevel, method, url)
+        reader = _DeadlineReader(sock, self.deadline)
+        self.fp.close()  # http.client's reader, replaced before a byte was read
+        self.fp = io.BufferedReader(reader, _READ_BUFFER)
+
+    # http.client's private hooks: stable since Python 3.0 (the only way to change how the
+    # status line and the chunk sizes are read without copying the parser).
+    def _read_status(self) -> tuple[str, int, str]:
+        while True:
+            version, status, reason = super()._read_status()  # type: ignore[misc]
+            if not 101 < status < 200:
+                return version, status, reason
+            # RFC 9110 15.2: a client must accept interim replies before the final one. Their
+            # headers are read like any (at most 100 lines of 64 KiB), an endless run of them is
+            # cut by the deadline.
+            http.client.parse_headers(self.fp)
+
+    def _read_next_chunk_size(self) -> int:
+        size: int = super()._read_next_chunk_size()  # type: ignore[misc]
+        if size < 0:
+            raise ValueError(f"negative chunk size {size}")  # -> IncompleteRead
+        return size
+
+
+def _response_class(deadline: _Deadline) -> type[http.client.HTTPResponse]:
+    """A reply parser class bound to one transport's deadline (http.client builds the reply)."""
+    return type("_TransportResponse", (_DeadlineResponse,), {"deadline": deadline})
+
+
+def _read_body(resp: http.client.HTTPResponse, max_bytes: int) -> bytes:
+    """The whole body, never more than ``max_bytes``: refused from ``Content-Length`` before
+    anything is allocated, otherwise (chunked, read until close) read in bounded pieces."""
+    declared = resp.length  # None when chunked or delimited by the close
+    if declared is not None:
+        if declared > max_bytes:
+            raise _TooLarge(resp.status, declared)
+        return resp.read()  # one read: the fast path of every GenManip reply
+    parts: list[bytes] = []
+    total = 0
+    while True:
+        piece = resp.read(min(_READ_PIECE, max_bytes + 1 - total))
+        if not piece:
+            return b"".join(parts)
+        parts.append(piece)
+        total += len(piece)
+        if total > max_bytes:
+            raise _TooLarge(resp.status, None)
+
+
+def _check_timeout(timeout: float) -> float:
+    if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
+        raise ConfigError(f"timeout must be a positive, finite number of seconds, got {timeout!r}")
+    return float(timeout)
+
+
+def _check_max_bytes(max_bytes: int) -> int:
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
+        raise ConfigError(f"max_reply_bytes must be an int >= 0, got {max_bytes!r}")
+    return max_bytes
 
 
 def _peer_closed(sock: socket.socket) -> bool:

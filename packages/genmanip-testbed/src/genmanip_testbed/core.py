@@ -24,7 +24,7 @@ import weakref
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,6 +39,7 @@ from genmanip_results.layout import (
     SAVED_DIR,
     VIDEO_SUFFIX,
 )
+from genmanip_results.paths import UnsafePathError, safe_relative
 
 from .errors import GenmanipTestbedError
 from .faults import FaultState
@@ -217,15 +218,13 @@ class EvalCore:
 
     @staticmethod
     def validate_run_id(run_id: str) -> str:
-        p = PurePosixPath(run_id)
-        parts = run_id.split("/")
-        if (
-            p.is_absolute()
-            or "\\" in run_id
-            or "\x00" in run_id
-            or any(s in ("", ".", "..") for s in parts)
-        ):
-            raise ValueError("run_id contains invalid path segments")
+        # A request names the run directory: the one path rule (genmanip_results.paths, the wire
+        # rule) decides, so no "..", absolute path, NUL or other control character, backslash,
+        # drive letter or over-long segment makes it, in the real server's words.
+        try:
+            safe_relative(run_id, field="run_id")
+        except UnsafePathError:
+            raise ValueError("run_id contains invalid path segments") from None
         return run_id
 
     def wait_finalizes(self, timeout: float | None = None) -> bool:

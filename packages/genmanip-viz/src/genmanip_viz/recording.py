@@ -20,6 +20,23 @@ is declared in code and saved as the recording's default blueprint.
 Freshness: a JSON sidecar ``.genmanip_vis.rrd.json`` next to the recording stores the size and mtime of
 every input plus the builder version; the recording is rebuilt when any of them changed. Writes go to
 ``<name>.part`` and are renamed into place, so a reader never sees half a recording.
+
+Containment: every input (``steps.jsonl``, ``meta_record.pkl``, the videos, the sidecar) is opened
+through :func:`genmanip_results.paths.open_within`, within the root the episode was found under
+(:attr:`~genmanip_results.discovery.EpisodeInfo.containment`): a file that is, or became after the
+scan, a symlink out of the results tree is refused where it is opened, never read or handed to
+ffmpeg. The videos go into the recording as bytes read that way (never by path).
+
+Threads: every rerun recording stream starts two native threads (a chunk batcher and a sink
+writer) that outlive the Python object. A build process serves many builds, and each build used
+two streams: the data stream (kept until rerun's orphan sweep, which only ``rerun.init`` runs) and
+the default blueprint's stream that ``RecordingStream.save(default_blueprint=...)`` creates with
+a memory sink and never disconnects (the stream and its sink keep each other alive: no sweep
+frees it). So every build left four threads and their buffers behind (14 -> 142 threads over 32
+builds). Now the blueprint stream is made here and disconnected after the save
+(:func:`_save_with_blueprint`), and each build ends with the orphan sweep
+(:func:`_release_streams`); ``tests/test_recording.py::test_rebuilds_keep_threads_bounded``
+builds 32 recordings in one process and holds the thread count.
 """
 
 from __future__ import annotations
@@ -42,6 +59,7 @@ from genmanip_results.layout import (
     STEPS_JSONL,
     VIEWER_CACHE_PREFIX,
 )
+from genmanip_results.paths import UnsafePathError, create_exclusive, is_within, read_bytes_within
 from genmanip_results.series import order_cameras
 
 from .errors import RecordingBuildError, VizDependencyError
@@ -126,7 +144,8 @@ def _input_paths(episode: EpisodeInfo) -> list[Path]:
         p = Path(episode.path) / name
         if p.is_file():
             paths.append(p)
-    return sorted(paths)
+    # (not even the size of a file outside the tree goes into the sidecar)
+    return sorted(p for p in paths if is_within(p, episode.containment))
 
 
 def input_fingerprint(episode: EpisodeInfo) -> dict[str, Any]:
@@ -145,11 +164,12 @@ def recording_is_fresh(episode: EpisodeInfo) -> bool:
     """True when ``episode``'s ``.genmanip_vis.rrd`` exists and was built from its current inputs."""
     rrd = recording_path(episode.path)
     sidecar = Path(episode.path) / SIDECAR_NAME
-    if not rrd.is_file() or not sidecar.is_file():
+    if not rrd.is_file() or not sidecar.is_file() or not is_within(rrd, episode.containment):
         return False
     try:
-        recorded = json.loads(sidecar.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        raw = read_bytes_within(sidecar, episode.containment, field=SIDECAR_NAME)
+        recorded = json.loads(raw.decode("utf-8"))
+    except (OSError, ValueError, UnsafePathError):
         return False
     return bool(recorded == input_fingerprint(episode))
 
@@ -295,27 +315,42 @@ def _recording_id(episode_id: str) -> uuid.UUID:
     return uuid.UUID(bytes=hashlib.sha256(episode_id.encode("utf-8")).digest()[:16], version=4)
 
 
-def _browser_playable(mp4: Path, layout: str, tmpdir: Path) -> Path:
-    """``mp4`` itself when browsers can decode it, else an H.264 copy in ``tmpdir``.
+def _video_bytes(mp4: Path, root: Path) -> bytes:
+    """The bytes of a camera video, opened within ``root`` (never a file outside the tree)."""
+    try:
+        return read_bytes_within(mp4, root, field="video")
+    except UnsafePathError as exc:
+        raise RecordingBuildError(
+            f"{mp4.name}: not read: it resolves outside the results root (symlink?)"
+        ) from exc
+    except OSError as exc:
+        raise RecordingBuildError(f"{mp4}: cannot read video ({exc.strerror or exc})") from exc
+
+
+def _browser_playable(mp4: Path, data: bytes, layout: str, tmpdir: Path, index: int) -> bytes:
+    """``data`` (the bytes of ``mp4``) when browsers can decode it, else an H.264 copy.
 
     This project's recordings are H.264 already (no probe). The real server falls back to ``mp4v``
-    (MPEG-4 Part 2), which no browser decodes: those are transcoded for the recording only.
+    (MPEG-4 Part 2), which no browser decodes: those are transcoded for the recording only. ffmpeg
+    only ever sees a private copy of the bytes already read within the results root.
     """
     if layout == "client":
-        return mp4
+        return data
     from genmanip_results.video import ffmpeg_executable, video_info
 
+    src = tmpdir / f"camera{index}.src.mp4"
+    src.write_bytes(data)
     try:
-        codec = video_info(mp4).codec
+        codec = video_info(src).codec
     except Exception as exc:
         raise RecordingBuildError(f"{mp4}: cannot read video ({exc})") from exc
     if codec in ("h264", "hevc", "av1", "vp9"):
-        return mp4
+        return data
     import subprocess
 
-    target = tmpdir / f"{mp4.stem}.h264.mp4"
+    target = tmpdir / f"camera{index}.h264.mp4"
     args = [
-        ffmpeg_executable(), "-nostdin", "-loglevel", "error", "-y", "-i", str(mp4),
+        ffmpeg_executable(), "-nostdin", "-loglevel", "error", "-y", "-i", str(src),
         "-map", "0:v:0", "-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv420p",
         "-vf", "pad=ceil(iw/2)*2:ceil(ih/2)*2", "-movflags", "+faststart", str(target),
     ]  # fmt: skip
@@ -323,23 +358,70 @@ def _browser_playable(mp4: Path, layout: str, tmpdir: Path) -> Path:
     if res.returncode != 0:
         tail = res.stderr.decode("utf-8", "replace")[-400:]
         raise RecordingBuildError(f"{mp4}: cannot transcode {codec} video to H.264 ({tail})")
-    return target
+    return target.read_bytes()
 
 
-def _write(data: EpisodeData, out: Path) -> None:
+def _save_with_blueprint(rr: Any, rec: Any, out: Path, blueprint: Any) -> Any:
+    """``rec.save(out, default_blueprint=blueprint)``, returning the blueprint's stream so that
+    the caller disconnects it (rerun's own ``save`` leaves it running: see the module docstring).
+
+    Uses rerun 0.41's bindings (the same calls ``rerun.sinks.save`` makes); should they change,
+    it falls back to the public call, and the build pool's process recycling bounds the leak.
+    """
+    import rerun_bindings as bindings  # (rerun-sdk's native module, re-exported as rerun.bindings)
+
+    try:
+        native = bindings.new_blueprint(
+            application_id=rec.get_application_id() or "genmanip",
+            make_default=False,
+            make_thread_default=False,
+            default_enabled=True,
+        )
+        stream = rr.RecordingStream._from_native(native)
+        log_to_stream = blueprint._log_to_stream
+    except AttributeError:  # pragma: no cover - a rerun whose internals moved
+        rec.save(out, default_blueprint=blueprint)
+        return None
+    stream.set_time("blueprint", sequence=0)
+    log_to_stream(stream)
+    storage = stream.memory_recording().storage
+    bindings.save(
+        path=str(out), default_blueprint=storage, recording=rec.to_native(), write_footer=True
+    )
+    return stream
+
+
+def _release_streams() -> None:
+    """Let rerun stop the native threads of every recording stream nothing references any more.
+
+    A dropped :class:`rerun.RecordingStream` keeps its batcher and sink threads until rerun's
+    orphan sweep (the one ``rerun.init`` runs); a build process builds many recordings, so each
+    build ends with it, or the process gains four threads per build (found by
+    ``test_rebuilds_keep_threads_bounded``).
+    """
+    import rerun_bindings as bindings
+
+    bindings.flush_and_cleanup_orphaned_recordings()
+
+
+def _write(data: EpisodeData, out: Path, root: Path) -> None:
     import tempfile
 
-    with tempfile.TemporaryDirectory(prefix="gmp-viz-") as tmp:
-        _write_in(data, out, Path(tmp))
+    try:
+        with tempfile.TemporaryDirectory(prefix="gmp-viz-") as tmp:
+            _write_in(data, out, Path(tmp), root)
+    finally:
+        _release_streams()
 
 
-def _write_in(data: EpisodeData, out: Path, tmpdir: Path) -> None:
+def _write_in(data: EpisodeData, out: Path, tmpdir: Path, root: Path) -> None:
     rr = _rerun()
     rec = rr.RecordingStream(
         "genmanip", recording_id=_recording_id(data.episode_id), send_properties=True
     )
-    rec.save(out, default_blueprint=_blueprint(data))
+    blueprint_stream = None
     try:
+        blueprint_stream = _save_with_blueprint(rr, rec, out, _blueprint(data))
         rec.send_recording_name(data.episode_id)
         rec.log(
             "instruction",
@@ -351,10 +433,11 @@ def _write_in(data: EpisodeData, out: Path, tmpdir: Path) -> None:
             rr.TextDocument(_result_markdown(data), media_type=rr.MediaType.MARKDOWN),
             static=True,
         )
-        for cam, mp4 in data.videos.items():
+        for i, (cam, mp4) in enumerate(data.videos.items()):
             entity = f"cameras/{cam}"
+            video = _browser_playable(mp4, _video_bytes(mp4, root), data.layout, tmpdir, i)
             try:
-                asset = rr.AssetVideo(path=_browser_playable(mp4, data.layout, tmpdir))
+                asset = rr.AssetVideo(contents=video, media_type="video/mp4")
                 ts = np.asarray(asset.read_frame_timestamps_nanos(), dtype=np.int64)
             except RecordingBuildError:
                 raise
@@ -390,6 +473,11 @@ def _write_in(data: EpisodeData, out: Path, tmpdir: Path) -> None:
         rec.flush()
     finally:
         rec.disconnect()
+        if blueprint_stream is not None:
+            blueprint_stream.disconnect()  # (breaks the stream <-> memory sink cycle)
+        # No reference may outlive this frame (a traceback keeps frames alive): the orphan
+        # sweep in _write only stops the threads of streams nothing references.
+        del rec, blueprint_stream
 
 
 def build_recording(episode: EpisodeInfo, *, force: bool = False) -> Path:
@@ -410,11 +498,29 @@ def build_recording(episode: EpisodeInfo, *, force: bool = False) -> Path:
     data = load_episode_data(episode)
     part = ep_dir / f"{RRD_NAME}.{os.getpid()}.part"
     try:
-        _write(data, part)
+        # A leftover (or planted) part file is removed, never written through: the recording is
+        # written into a file this build created itself.
+        part.unlink(missing_ok=True)
+        # Provenance (genmanip_results.provenance): the partial is registered before it exists,
+        # the recording and sidecar once written, so ``gmp clean`` can prove them ours.
+        from genmanip_results.provenance import (
+            CATEGORY_VIEWER_CACHE,
+            register_generated,
+            register_partial,
+        )
+
+        register_partial(part, category=CATEGORY_VIEWER_CACHE, by="genmanip-viz")
+        create_exclusive(part, within=episode.containment, field=RRD_NAME).close()
+        _write(data, part, episode.containment)
         os.replace(part, out)
         from genmanip_runtime.atomic import atomic_write_json
 
         atomic_write_json(ep_dir / SIDECAR_NAME, fingerprint)
+        register_generated(
+            out, ep_dir / SIDECAR_NAME, category=CATEGORY_VIEWER_CACHE, by="genmanip-viz"
+        )
+    except UnsafePathError as exc:
+        raise RecordingBuildError(f"{ep_dir.name}: {exc}") from exc
     except OSError as exc:
         part.unlink(missing_ok=True)
         raise RecordingBuildError(

@@ -12,7 +12,11 @@ Routes (all GET):
 * ``/static/app.css``, ``/static/app.js``.
 
 Runs are addressed by opaque keys and episodes by ``<task>/<seed>`` looked up in the scanned index;
-no request path is ever turned into a file path. Security middleware: Host header check on loopback
+no request path is ever turned into a file path. Every file a route reads (``result.json`` or
+``meta_record.pkl`` for the instruction, the ``.rrd``, live frames and state) is opened through
+:func:`genmanip_results.paths.open_within`, checked where it is opened against the served root, so
+a symlink inside the root that points out of it (also one swapped in after the scan) is never
+served: a 404, never its bytes. Security middleware: Host header check on loopback
 (DNS rebinding), access token (query once -> HttpOnly cookie) when configured, strict headers, no CORS.
 """
 
@@ -24,6 +28,7 @@ import concurrent.futures.process
 import hmac
 import json
 import multiprocessing
+import os
 import socket
 import threading
 import time
@@ -38,8 +43,19 @@ from urllib.parse import parse_qsl, urlencode
 
 from genmanip_results.discovery import EpisodeInfo
 from genmanip_results.layout import META_RECORD, RESULT_JSON
-from genmanip_results.live import live_frame_path, live_state_path, read_live_state
-from genmanip_results.paths import UnsafePathError, is_within, safe_relative
+from genmanip_results.live import (
+    live_frame_path,
+    live_state_path,
+    read_live_frame,
+    read_live_state,
+)
+from genmanip_results.paths import (
+    UnsafePathError,
+    is_within,
+    open_within,
+    read_bytes_within,
+    safe_relative,
+)
 from genmanip_runtime.netpolicy import is_loopback_host
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -49,6 +65,7 @@ from starlette.responses import (
     HTMLResponse,
     JSONResponse,
     Response,
+    StreamingResponse,
 )
 from starlette.routing import Route
 
@@ -100,11 +117,26 @@ def _warm_child() -> bool:
     return True
 
 
-class RecordingPool:
-    """Builds recordings in at most ``workers`` child processes; one build per episode at a time."""
+#: The build processes are replaced once they have served about this many builds each (and no
+#: build is running): a backstop that bounds whatever native state (threads, buffers) a rerun
+#: build might still leave behind, at the cost of one rerun import per that many builds. The known
+#: leak (four threads per build) is fixed at its root in genmanip_viz.recording. (Not
+#: ``max_tasks_per_child``: on Python 3.11-3.13 it deadlocks a pool with queued work, CPython
+#: gh-115634.)
+BUILDS_PER_PROCESS = 64
 
-    def __init__(self, workers: int = 2) -> None:
+
+class RecordingPool:
+    """Builds recordings in at most ``workers`` child processes; one build per episode at a time.
+
+    After ``builds_per_process * workers`` builds, the next submit made while no build runs
+    starts fresh processes.
+    """
+
+    def __init__(self, workers: int = 2, *, builds_per_process: int = BUILDS_PER_PROCESS) -> None:
         self.workers = max(1, int(workers))
+        self.builds_per_process = max(1, int(builds_per_process))
+        self._submitted = 0  # builds given to the current executor
         self._executor: concurrent.futures.ProcessPoolExecutor | None = None
         self._inflight: dict[Path, concurrent.futures.Future[str]] = {}
         self._lock = threading.Lock()
@@ -115,7 +147,17 @@ class RecordingPool:
             self._executor = concurrent.futures.ProcessPoolExecutor(
                 max_workers=self.workers, mp_context=multiprocessing.get_context("spawn")
             )
+            self._submitted = 0
         return self._executor
+
+    def _recycle_if_due(self) -> None:
+        # (under self._lock) Only between builds: a running build is never cut short.
+        if self._executor is None or self._submitted < self.builds_per_process * self.workers:
+            return
+        if any(not f.done() for f in self._inflight.values()):
+            return
+        old, self._executor = self._executor, None
+        old.shutdown(wait=False)
 
     def submit(self, episode: EpisodeInfo) -> concurrent.futures.Future[str]:
         """Future of the recording path of ``episode`` (shared with a build already running)."""
@@ -124,12 +166,14 @@ class RecordingPool:
             fut = self._inflight.get(key)
             if fut is not None and not fut.done():
                 return fut
+            self._recycle_if_due()
             try:
                 fut = self._pool().submit(_build_in_child, episode)
             except concurrent.futures.process.BrokenProcessPool:
                 # A child died (OOM, signal): start a fresh pool instead of failing forever.
                 self._executor = None
                 fut = self._pool().submit(_build_in_child, episode)
+            self._submitted += 1
             self._inflight[key] = fut
 
         def _forget(f: concurrent.futures.Future[str], key: Path = key) -> None:
@@ -331,22 +375,48 @@ def _not_found(what: str) -> HTMLResponse:
 
 
 def _read_instruction(ep: EpisodeInfo) -> str:
+    # Opened within the root the episode was found under: the scan left out a result file that
+    # is a symlink out of the tree, and reading it here by name would serve it anyway.
     if getattr(ep, "instruction", None):
         return str(ep.instruction)
     if ep.layout == "client":
         try:
-            data = json.loads((Path(ep.path) / RESULT_JSON).read_text(encoding="utf-8"))
+            raw = read_bytes_within(Path(ep.path) / RESULT_JSON, ep.containment, field=RESULT_JSON)
+            data = json.loads(raw.decode("utf-8"))
             return str(data.get("instruction") or "") if isinstance(data, dict) else ""
-        except (OSError, ValueError):
+        except (OSError, ValueError, UnsafePathError):
             return ""
     meta = ep.meta_record or Path(ep.path) / META_RECORD
     try:
         from genmanip_protocol.codec import safe_loads
 
-        data = safe_loads(Path(meta).read_bytes())
+        data = safe_loads(read_bytes_within(meta, ep.containment, field=META_RECORD))
     except Exception:
         return ""
     return str(data.get("instruction") or "") if isinstance(data, dict) else ""
+
+
+def _file_response(path: Path, root: Path, media_type: str, headers: dict[str, str]) -> Response | None:
+    """Stream ``path`` when it opens within ``root`` (:func:`open_within`); None otherwise.
+
+    The descriptor checked is the one streamed: nothing can be swapped in between.
+    """
+    try:
+        fh = open_within(path, root, field="file")
+    except (OSError, UnsafePathError):
+        return None
+    size = os.fstat(fh.fileno()).st_size
+
+    async def body() -> Any:
+        try:
+            while chunk := await run_in_threadpool(fh.read, 1 << 20):
+                yield chunk
+        finally:
+            fh.close()
+
+    return StreamingResponse(
+        body(), media_type=media_type, headers={**headers, "content-length": str(size)}
+    )
 
 
 def create_app(
@@ -483,13 +553,10 @@ def create_app(
                 return _html(pages.error_page(500, f"cannot build the recording: {exc}"), 500)
             except Exception as exc:  # a crashed build process must not take the page down
                 return _html(pages.error_page(500, f"recording build failed: {exc!r}"), 500)
-        if not is_within(path, root):
-            return _not_found("recording")
-        return FileResponse(
-            path,
-            media_type="application/octet-stream",
-            headers={"cache-control": "no-cache"},
+        served = await run_in_threadpool(
+            _file_response, path, root, "application/octet-stream", {"cache-control": "no-cache"}
         )
+        return served if served is not None else _not_found("recording")
 
     def _assets() -> Path:
         with state.assets_lock:
@@ -569,7 +636,7 @@ def create_app(
         path = await run_in_threadpool(_live_path, request, None)
         if path is None:
             return JSONResponse({"error": "no live state"}, status_code=404)
-        data = await run_in_threadpool(read_live_state, path)
+        data = await run_in_threadpool(read_live_state, path, within=root)
         if data is None:
             # Written atomically by the eval side, so this is a real problem, but a transient one.
             return JSONResponse({"error": "unreadable live state"}, status_code=503)
@@ -579,9 +646,8 @@ def create_app(
         path = await run_in_threadpool(_live_path, request, str(request.path_params["camera"]))
         if path is None:
             return _not_found("camera")
-        try:
-            data = await run_in_threadpool(path.read_bytes)
-        except OSError:
+        data = await run_in_threadpool(read_live_frame, path, within=root)
+        if data is None:
             return _not_found("camera")
         return Response(data, media_type="image/jpeg", headers={"cache-control": "no-store"})
 

@@ -3,6 +3,9 @@
 Formats: JSON, JSON lines, msgpack (the genmanip frame or plain msgpack) and pickle — pickle
 only through the allow-list unpickler (:func:`genmanip_protocol.codec.safe_loads`, via
 :class:`~genmanip_protocol.codec.LegacyCodec`), so validating a hostile file cannot run code.
+Every format is read within the codec's decoding limits (``genmanip_protocol.codec.limits``:
+depth, container and value counts, array shapes; JSON text is measured before ``json.loads``), so
+a hostile file is a finding (exit 4), never a crash or a runaway allocation.
 
 What a file may hold (``--kind auto`` tells them apart by shape):
 
@@ -39,6 +42,7 @@ from genmanip_protocol import (
     safe_relative_path,
 )
 from genmanip_protocol.codec import LegacyCodec, MsgpackCodec
+from genmanip_protocol.codec.limits import check_json_limits
 from genmanip_protocol.errors import ConfigError, DecodeError
 from genmanip_results.layout import STEPS_JSONL
 from genmanip_runtime.console import Console
@@ -109,11 +113,12 @@ def _read_objects(path: Path, report: Report) -> Iterator[tuple[str, Any]]:
             obj = _decode_msgpack(data)
         else:
             try:
-                obj = json.loads(data)
-            except ValueError:
+                obj = _loads_json(data, "document")
+            except (ValueError, DecodeError):
                 if fmt == "json" and suffix in _JSON_SUFFIXES:
                     raise
-                # Several JSON documents, one per line, in a file without the .jsonl suffix.
+                # Several JSON documents, one per line, in a file without the .jsonl suffix
+                # (each line is then measured and parsed on its own).
                 yield from _read_jsonl(path, report)
                 return
     except DecodeError as exc:
@@ -143,12 +148,15 @@ def _sniff(suffix: str, data: bytes) -> str:
 def _decode_msgpack(data: bytes) -> Any:
     if data[:4] == b"GMPK":
         return MsgpackCodec().decode(data)
-    import msgpack
+    # Same limits as the wire (depth, containers, values): 4 MB of 0x90 were 4 million lists.
+    return MsgpackCodec().decode_plain(data)
 
-    try:
-        return msgpack.unpackb(data, raw=False, strict_map_key=False)
-    except Exception as exc:  # msgpack raises several unrelated types for corrupt input
-        raise DecodeError(f"{type(exc).__name__}: {exc}", codec="msgpack") from None
+
+def _loads_json(data: bytes, what: str) -> Any:
+    # json.loads recurses once per level (100,000 "[" end in RecursionError, i.e. exit 70) and
+    # allocates a list per "[]": the text is measured first, in linear time (DecodeError).
+    check_json_limits(data, what=f"JSON {what}")
+    return json.loads(data)
 
 
 def _read_jsonl(path: Path, report: Report) -> Iterator[tuple[str, Any]]:
@@ -158,7 +166,10 @@ def _read_jsonl(path: Path, report: Report) -> Iterator[tuple[str, Any]]:
                 continue
             loc = f"{path}:{lineno}"
             try:
-                yield loc, json.loads(raw)
+                yield loc, _loads_json(raw, "line")
+            except DecodeError as exc:
+                report.add(loc, "line", "one JSON value within the decoding limits",
+                           _short(str(exc)))
             except ValueError as exc:
                 report.add(loc, "line", "one JSON value", _short(str(exc)))
 

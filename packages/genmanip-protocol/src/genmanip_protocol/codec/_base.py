@@ -5,6 +5,8 @@ from __future__ import annotations
 import abc
 from typing import Any
 
+from .limits import MAX_DEPTH
+
 __all__ = [
     "LEGACY_CONTENT_TYPE",
     "MAX_DEPTH",
@@ -15,9 +17,8 @@ __all__ = [
 MSGPACK_CONTENT_TYPE = "application/x-genmanip-msgpack"
 LEGACY_CONTENT_TYPE = "application/octet-stream"
 
-#: Containers nested deeper than this are refused on encode (EncodeError) and decode (DecodeError),
-#: so neither a cyclic input nor a hostile payload can end in RecursionError. Real trees are < 6 deep.
-MAX_DEPTH = 64
+# MAX_DEPTH (re-exported here for the encoders) is defined with the other decoding bounds in
+# .limits, which says why 64.
 
 
 class Codec(abc.ABC):

@@ -12,6 +12,10 @@
   then build the array with ``np.frombuffer`` over the pickled bytes (read-only, length-checked).
 * The pure-Python unpickler is used, since the C one sizes its memo by the largest index a payload
   names (5 bytes can make it zero 32 GiB); BYTEARRAY8 reads before it allocates.
+* While loading, every container, element, memo slot and copied byte is counted against the
+  bounds of :mod:`.limits` (``MAX_CONTAINERS``, ``MAX_ELEMENTS``, ``MAX_COPY_SLACK``), and tuples
+  and frozensets are refused once nested deeper than ``MAX_DEPTH`` *as they are built*: hashing a
+  200,000-deep tuple (a dict key, a set member) recurses in C and kills the process.
 * After loading, proxies are replaced by real values and nesting is limited to 64 levels; every
   failure is a :class:`DecodeError`.
 """
@@ -21,6 +25,8 @@ from __future__ import annotations
 import io
 import pickle
 import struct
+import threading
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -28,13 +34,24 @@ import numpy as np
 from ..errors import DecodeError, EncodeError, UnsafePayloadError
 from ._base import LEGACY_CONTENT_TYPE, MAX_DEPTH, Codec
 from ._dtypes import parse_dtype
+from .limits import (
+    MAX_CONTAINERS,
+    MAX_COPY_SLACK,
+    MAX_ELEMENTS,
+    MAX_NDIM,
+    brief_repr,
+    check_array_shape,
+    limit_error,
+)
 from .tagged import tag_tree, untag_tree
 
 __all__ = ["LegacyCodec", "safe_loads"]
 
 _ARRAY_KINDS = frozenset("biufcSU")
-_MAX_NDIM = 32
 _MAX_FLEXIBLE_SIZE = 1 << 24
+#: Arguments an allow-listed call may take (``_frombuffer`` takes 4); REDUCE would otherwise
+#: splat a million-item list into a call.
+_MAX_CALL_ARGS = 4
 
 
 def _bad(msg: str) -> DecodeError:
@@ -60,7 +77,7 @@ class _DtypeProxy:
             )
         dt = parse_dtype(spec)
         if dt is None:
-            raise _bad(f"numpy dtype spec {str(spec)[:40]!r}")
+            raise _bad(f"numpy dtype spec {brief_repr(spec, 40)}")
         if dt.kind in "OV" or dt.fields is not None or dt.subdtype is not None:
             raise UnsafePayloadError(
                 f"numpy dtype {spec!r} (object/void/structured dtypes are refused)"
@@ -108,10 +125,14 @@ def _raw_bytes(raw: Any, where: str) -> bytes:
     if isinstance(raw, bytes):  # _PendingByteArray included: no copy
         return raw
     if isinstance(raw, bytearray):
+        _charge_copy(len(raw), where)
         return bytes(raw)
     if isinstance(raw, pickle.PickleBuffer):
-        return bytes(raw.raw())
+        with raw.raw() as view:
+            _charge_copy(view.nbytes, where)
+            return bytes(view)
     if isinstance(raw, str):  # Python 2 pickles carry array data as a latin-1 str
+        _charge_copy(len(raw), where)
         try:
             return raw.encode("latin-1")
         except UnicodeEncodeError:
@@ -119,19 +140,18 @@ def _raw_bytes(raw: Any, where: str) -> bytes:
     raise _bad(f"{where}: data of type {type(raw).__name__}")
 
 
-def _check_shape(shape: Any, where: str) -> int:
-    if not isinstance(shape, tuple) or len(shape) > _MAX_NDIM:
-        raise _bad(f"{where}: shape {shape!r}"[:120])
-    count = 1
+def _check_shape(shape: Any, dt: np.dtype[Any], where: str) -> int:
+    if not isinstance(shape, tuple) or len(shape) > MAX_NDIM:
+        raise _bad(f"{where}: shape {brief_repr(shape)}")
     for d in shape:
         if type(d) is not int or d < 0:
-            raise _bad(f"{where}: shape {shape!r}"[:120])
-        count *= d
-    return count
+            raise _bad(f"{where}: shape {brief_repr(shape)}")
+    # Also for shapes holding no data: (0, 2**40) would pass the byte count check below.
+    return check_array_shape(shape, dt.itemsize, what=where, codec="legacy")
 
 
 def _build_array(raw: Any, dt: np.dtype[Any], shape: Any, fortran: bool, where: str) -> np.ndarray:
-    count = _check_shape(shape, where)
+    count = _check_shape(shape, dt, where)
     data = _raw_bytes(raw, where)
     if count * dt.itemsize != len(data):
         raise _bad(
@@ -225,7 +245,7 @@ class _ValueProxy:
 def _safe_reconstruct(*args: Any) -> _ArrayProxy:
     # numpy pickles _reconstruct(ndarray, (0,), b"b"); the real dtype/shape/data come from BUILD.
     if not args or args[0] is not _NDARRAY:
-        what = repr(args[0])[:60] if args else "nothing"
+        what = brief_repr(args[0]) if args else "nothing"
         raise UnsafePayloadError(f"numpy _reconstruct of {what}")
     return _ArrayProxy()
 
@@ -245,7 +265,7 @@ def _safe_frombuffer(*args: Any) -> _ArrayProxy:
         raise _bad("numpy _frombuffer arguments")
     buf, dtype, shape, order = args
     if order not in ("C", "F"):
-        raise _bad(f"numpy array order {order!r}"[:60])
+        raise _bad(f"numpy array order {brief_repr(order)}")
     proxy = _ArrayProxy()
     proxy.array = _build_array(
         buf, _dtype_of(dtype, "numpy array"), shape, order == "F", "numpy array"
@@ -261,6 +281,7 @@ def _make_dtype(*args: Any) -> _DtypeProxy:
 
 def _latin1(args: tuple[Any, ...], name: str) -> bytes:
     if len(args) == 2 and isinstance(args[0], str) and args[1] in ("latin1", "latin-1"):
+        _charge_copy(len(args[0]), name)
         return args[0].encode("latin-1")
     raise _bad(f"{name} arguments")
 
@@ -269,15 +290,18 @@ def _safe_bytes(*args: Any) -> bytes:
     if not args:
         return b""
     if len(args) == 1 and isinstance(args[0], (bytes, bytearray)):
+        _charge_copy(len(args[0]), "bytes")
         return bytes(args[0])
     return _latin1(args, "bytes")
 
 
 def _safe_bytearray(*args: Any) -> bytearray:
-    # bytearray(10**12) would allocate: only copies of data are allowed.
+    # bytearray(10**12) would allocate: only copies of data are allowed (and they are counted:
+    # bytearray(<memo 0>) a thousand times over is a memo bomb).
     if not args:
         return bytearray()
     if len(args) == 1 and isinstance(args[0], (bytes, bytearray)):
+        _charge_copy(len(args[0]), "bytearray")
         return bytearray(args[0])
     return bytearray(_latin1(args, "bytearray"))
 
@@ -293,12 +317,32 @@ def _safe_complex(*args: Any) -> complex:
     return complex(*args)
 
 
+def _set_items(args: tuple[Any, ...], name: str) -> list[Any] | tuple[Any, ...]:
+    # Protocols < 4 pickle sets as set([items]); a str, dict or set argument is never produced.
+    if not args:
+        return ()
+    if len(args) != 1 or type(args[0]) not in (list, tuple):
+        raise _bad(f"{name} arguments")
+    items: list[Any] | tuple[Any, ...] = args[0]
+    unpickler = _active()
+    if unpickler is not None:
+        # before the copy: set(<memo 0>) again and again (the call itself counted one container)
+        unpickler.count(_SET_WEIGHT - 1, len(items))
+    return items
+
+
 def _safe_set(*args: Any) -> set[Any]:
-    return set(*args) if args else set()
+    return set(_set_items(args, "set"))
 
 
 def _safe_frozenset(*args: Any) -> frozenset[Any]:
-    return frozenset(*args) if args else frozenset()
+    items = _set_items(args, "frozenset")
+    unpickler = _active()
+    depth = unpickler.nesting(items) if unpickler is not None else 1
+    out = frozenset(items)
+    if unpickler is not None:
+        unpickler.record(out, depth)
+    return out
 
 
 def _ordered_dict(*args: Any) -> Any:
@@ -359,12 +403,107 @@ def _persistent_load(pid: Any) -> Any:
 _PyUnpickler: Any = pickle._Unpickler
 
 
+#: The unpickler loading on this thread, for the allow-listed calls that must count what they
+#: build (set/frozenset copies, bytes copies). Thread-local: several threads decode at once.
+_ACTIVE = threading.local()
+
+
+def _active() -> _SafePyUnpickler | None:
+    unpickler: _SafePyUnpickler | None = getattr(_ACTIVE, "unpickler", None)
+    return unpickler
+
+
+def _charge_copy(nbytes: int, where: str) -> None:
+    unpickler = _active()
+    if unpickler is not None:
+        unpickler.copied(nbytes, where)
+
+
+def _limit(message: str, limit: str, bound: int | None = None) -> DecodeError:
+    return limit_error(f"invalid pickle: {message}", limit, codec="legacy", bound=bound)
+
+
+_TUPLE_LIKE = (tuple, frozenset)
+#: An empty set or frozenset costs 216 bytes, three times an empty list or dict: it counts thrice.
+_SET_WEIGHT = 3
+
+
 class _SafePyUnpickler(_PyUnpickler):  # type: ignore[misc]
-    """The pure-Python unpickler with the allow-list: its memo is a dict, and BYTEARRAY8 reads
-    before it allocates."""
+    """The pure-Python unpickler with the allow-list and the limits.
+
+    Its memo is a dict, BYTEARRAY8 reads before it allocates, and every opcode that builds a
+    container, adds to one, opens a MARK or fills a memo slot is counted (see :mod:`.limits`)
+    before it allocates. Tuples and frozensets carry their nesting depth from the moment they are
+    built (hashing one recurses in C, so a deep one must never exist); lists and dicts are
+    unhashable, cost a counted container each, and their depth is checked after loading.
+    """
 
     dispatch = dict(_PyUnpickler.dispatch)
 
+    def __init__(self, file: Any, payload_size: int) -> None:
+        super().__init__(file)
+        self._containers = 0
+        self._elements = 0
+        self._copy_left = payload_size + MAX_COPY_SLACK
+        # id -> depth of the tuples/frozensets nested 2+ levels (absent = 1); _keep pins them so
+        # an id is never reused while its depth is on record.
+        self._depths: dict[int, int] = {}
+        self._keep: list[Any] = []
+
+    # -- accounting ------------------------------------------------------------------------------
+    def count(self, containers: int, elements: int) -> None:
+        """Count ``containers`` new containers holding ``elements`` values, before building them."""
+        self._containers += containers
+        self._elements += elements
+        if self._containers > MAX_CONTAINERS:
+            raise _limit(
+                f"more than {MAX_CONTAINERS} containers (lists, dicts, tuples, sets)",
+                "MAX_CONTAINERS",
+            )
+        if self._elements > MAX_ELEMENTS:
+            raise _limit(f"more than {MAX_ELEMENTS} values in containers", "MAX_ELEMENTS")
+
+    def copied(self, nbytes: int, where: str) -> None:
+        """Count ``nbytes`` copied by an allow-listed call, before copying them."""
+        self._copy_left -= nbytes
+        if self._copy_left < 0:
+            raise _limit(
+                f"{where}: allow-listed calls copy more than the payload's size + "
+                f"{MAX_COPY_SLACK} bytes (a memo bomb?)",
+                "MAX_COPY_SLACK",
+            )
+
+    def nesting(self, items: Iterable[Any]) -> int:
+        """Depth of a tuple/frozenset of ``items``; refused beyond MAX_DEPTH before it exists."""
+        depths = self._depths
+        deepest = 0
+        for item in items:
+            if type(item) in _TUPLE_LIKE:
+                deepest = max(deepest, depths.get(id(item), 1))
+        deepest += 1
+        if deepest > MAX_DEPTH:
+            raise _limit(
+                f"tuples/frozensets nested deeper than {MAX_DEPTH} levels (hashing them would "
+                "overflow the C stack)",
+                "MAX_DEPTH",
+            )
+        return deepest
+
+    def record(self, obj: Any, depth: int) -> None:
+        if depth > 1:
+            self._depths[id(obj)] = depth
+            self._keep.append(obj)
+
+    def _tuple(self, items: list[Any] | tuple[Any, ...]) -> tuple[Any, ...]:
+        if not items:
+            return ()
+        depth = self.nesting(items)
+        self.count(1, len(items))
+        out = tuple(items)
+        self.record(out, depth)
+        return out
+
+    # -- overridden opcodes ----------------------------------------------------------------------
     def find_class(self, module: str, name: str) -> Any:
         return _find_class(module, name)
 
@@ -383,6 +522,176 @@ class _SafePyUnpickler(_PyUnpickler):  # type: ignore[misc]
         self.append(_PendingByteArray(data))
 
     dispatch[pickle.BYTEARRAY8[0]] = load_bytearray8
+
+    def load_mark(self) -> None:
+        # Each MARK is a new list on the metastack: 4 MB of "(" were 4 million lists. A real
+        # pickle nests marks no deeper than its containers.
+        if len(self.metastack) >= MAX_DEPTH:
+            raise _limit(f"MARKs nested deeper than {MAX_DEPTH} levels", "MAX_DEPTH")
+        _PyUnpickler.load_mark(self)
+
+    dispatch[pickle.MARK[0]] = load_mark
+
+    def load_empty_list(self) -> None:
+        self.count(1, 0)
+        self.append([])
+
+    dispatch[pickle.EMPTY_LIST[0]] = load_empty_list
+
+    def load_empty_dictionary(self) -> None:
+        self.count(1, 0)
+        self.append({})
+
+    dispatch[pickle.EMPTY_DICT[0]] = load_empty_dictionary
+
+    def load_empty_set(self) -> None:
+        self.count(_SET_WEIGHT, 0)
+        self.append(set())
+
+    dispatch[pickle.EMPTY_SET[0]] = load_empty_set
+
+    def load_list(self) -> None:
+        items = self.pop_mark()
+        self.count(1, len(items))
+        self.append(items)
+
+    dispatch[pickle.LIST[0]] = load_list
+
+    def load_dict(self) -> None:
+        items = self.pop_mark()
+        self.count(1, len(items))  # keys and values
+        if len(items) % 2:
+            raise pickle.UnpicklingError("odd number of items for DICT")
+        self.append({items[i]: items[i + 1] for i in range(0, len(items), 2)})
+
+    dispatch[pickle.DICT[0]] = load_dict
+
+    def load_tuple(self) -> None:
+        items = self.pop_mark()  # first: pop_mark rebinds self.append
+        self.append(self._tuple(items))
+
+    dispatch[pickle.TUPLE[0]] = load_tuple
+
+    def load_tuple1(self) -> None:
+        stack = self.stack
+        if not stack:
+            raise pickle.UnpicklingError("TUPLE1 on an empty stack")
+        stack[-1] = self._tuple(stack[-1:])
+
+    dispatch[pickle.TUPLE1[0]] = load_tuple1
+
+    def load_tuple2(self) -> None:
+        stack = self.stack
+        if len(stack) < 2:
+            raise pickle.UnpicklingError("TUPLE2 on a short stack")
+        stack[-2:] = [self._tuple(stack[-2:])]
+
+    dispatch[pickle.TUPLE2[0]] = load_tuple2
+
+    def load_tuple3(self) -> None:
+        stack = self.stack
+        if len(stack) < 3:
+            raise pickle.UnpicklingError("TUPLE3 on a short stack")
+        stack[-3:] = [self._tuple(stack[-3:])]
+
+    dispatch[pickle.TUPLE3[0]] = load_tuple3
+
+    def load_frozenset(self) -> None:
+        items = self.pop_mark()
+        depth = self.nesting(items)
+        self.count(_SET_WEIGHT, len(items))
+        out = frozenset(items)
+        self.record(out, depth)
+        self.append(out)
+
+    dispatch[pickle.FROZENSET[0]] = load_frozenset
+
+    def load_append(self) -> None:
+        self.count(0, 1)
+        _PyUnpickler.load_append(self)
+
+    dispatch[pickle.APPEND[0]] = load_append
+
+    def load_appends(self) -> None:
+        self.count(0, len(self.stack))  # the items since the MARK
+        _PyUnpickler.load_appends(self)
+
+    dispatch[pickle.APPENDS[0]] = load_appends
+
+    def load_setitem(self) -> None:
+        self.count(0, 2)
+        _PyUnpickler.load_setitem(self)
+
+    dispatch[pickle.SETITEM[0]] = load_setitem
+
+    def load_setitems(self) -> None:
+        self.count(0, len(self.stack))  # keys and values
+        _PyUnpickler.load_setitems(self)
+
+    dispatch[pickle.SETITEMS[0]] = load_setitems
+
+    def load_additems(self) -> None:
+        self.count(0, len(self.stack))
+        _PyUnpickler.load_additems(self)
+
+    dispatch[pickle.ADDITEMS[0]] = load_additems
+
+    def _memo_check(self) -> None:
+        # A memo slot costs about what an empty container does (1 byte of MEMOIZE each).
+        if len(self.memo) > MAX_CONTAINERS:
+            raise _limit(f"more than {MAX_CONTAINERS} memo entries", "MAX_CONTAINERS")
+
+    def load_put(self) -> None:
+        _PyUnpickler.load_put(self)
+        self._memo_check()
+
+    dispatch[pickle.PUT[0]] = load_put
+
+    def load_binput(self) -> None:
+        _PyUnpickler.load_binput(self)
+        self._memo_check()
+
+    dispatch[pickle.BINPUT[0]] = load_binput
+
+    def load_long_binput(self) -> None:
+        _PyUnpickler.load_long_binput(self)
+        self._memo_check()
+
+    dispatch[pickle.LONG_BINPUT[0]] = load_long_binput
+
+    def load_memoize(self) -> None:
+        _PyUnpickler.load_memoize(self)
+        self._memo_check()
+
+    dispatch[pickle.MEMOIZE[0]] = load_memoize
+
+    def load_reduce(self) -> None:
+        # The stock REDUCE splats any iterable into the call: a tuple of at most a few args only.
+        args = self.stack[-1] if self.stack else None
+        if type(args) is not tuple or len(args) > _MAX_CALL_ARGS:
+            raise pickle.UnpicklingError("REDUCE arguments are not a short tuple")
+        # Every call builds an object (a set, a proxy, a view) from ~4 bytes of GET + REDUCE: each
+        # counts as a container.
+        self.count(1, 0)
+        _PyUnpickler.load_reduce(self)
+
+    dispatch[pickle.REDUCE[0]] = load_reduce
+
+    def load_obj(self) -> None:
+        if len(self.stack) > _MAX_CALL_ARGS + 1:
+            raise pickle.UnpicklingError("OBJ with too many arguments")
+        self.count(1, 0)
+        _PyUnpickler.load_obj(self)
+
+    dispatch[pickle.OBJ[0]] = load_obj
+
+    def load_inst(self) -> None:
+        if len(self.stack) > _MAX_CALL_ARGS:
+            raise pickle.UnpicklingError("INST with too many arguments")
+        self.count(1, 0)
+        _PyUnpickler.load_inst(self)
+
+    dispatch[pickle.INST[0]] = load_inst
 
 
 _IN_PROGRESS = object()
@@ -417,6 +726,7 @@ def _resolve(root: Any) -> Any:
         if t is _ValueProxy:
             return node.value, 1
         if t is _PendingByteArray:
+            _charge_copy(len(node), "bytearray")
             return bytearray(node), 1
         if t is _Global:
             raise _bad(f"{node._name} left uncalled in the data")
@@ -429,7 +739,7 @@ def _resolve(root: Any) -> Any:
                 raise _bad("recursive tuple or set")
             return hit[1], hit[2]
         if depth >= MAX_DEPTH:
-            raise _bad(f"containers nested deeper than {MAX_DEPTH} levels")
+            raise _limit(f"containers nested deeper than {MAX_DEPTH} levels", "MAX_DEPTH")
         size = 1
         if isinstance(node, list):
             memo[i] = (node, node, 1)  # a cycle back to here counts once
@@ -481,9 +791,11 @@ def _resolve(root: Any) -> Any:
         else:
             raise _bad(f"unexpected object of type {t.__name__}")
         if size > MAX_EXPANDED_NODES:
-            raise _bad(
+            raise _limit(
                 f"the data expands to more than {MAX_EXPANDED_NODES} values through shared "
-                "references (a 'billion laughs' pickle)"
+                "references (a 'billion laughs' pickle)",
+                "MAX_EXPANDED_NODES",
+                MAX_EXPANDED_NODES,
             )
         memo[i] = (node, out, size)
         return out, size
@@ -495,9 +807,10 @@ def safe_loads(data: bytes | bytearray | memoryview, *, max_size: int = 1 << 32)
     """Unpickle ``data`` through the allow-list.
 
     Returns the plain object tree (no untagging; :meth:`LegacyCodec.decode` does that). Raises
-    :class:`UnsafePayloadError` for any global outside the allow-list (nothing is executed) and
-    :class:`DecodeError` for truncated, corrupt, oversized or over-deep input; no other exception
-    escapes.
+    :class:`UnsafePayloadError` for any global outside the allow-list (nothing is executed),
+    :class:`~genmanip_protocol.errors.DecodeLimitError` for input beyond the bounds of
+    :mod:`.limits` (refused before the memory is allocated) and :class:`DecodeError` for
+    truncated or corrupt input; no other exception escapes.
     """
     try:
         size = memoryview(data).nbytes
@@ -507,22 +820,32 @@ def safe_loads(data: bytes | bytearray | memoryview, *, max_size: int = 1 << 32)
         raise DecodeError(f"pickle of {size} bytes exceeds the limit of {max_size}", codec="legacy")
     if size == 0:
         raise DecodeError("empty body is not a pickle", codec="legacy")
+    unpickler = _SafePyUnpickler(io.BytesIO(data), size)
+    previous = _active()
+    _ACTIVE.unpickler = unpickler
     try:
-        obj = _SafePyUnpickler(io.BytesIO(data)).load()
-    except DecodeError:
-        raise
-    except RecursionError:
-        raise _bad("nested too deeply") from None
-    except MemoryError:
-        raise _bad("needs more memory than available (corrupt length?)") from None
-    except Exception as exc:  # pickle raises UnpicklingError, EOFError, ValueError, KeyError, ...
-        raise _bad(f"{type(exc).__name__}: {exc}"[:300]) from None
-    try:
-        return _resolve(obj)
-    except DecodeError:
-        raise
-    except Exception as exc:  # e.g. a BYTEARRAY8 value used as a dict key or set member
-        raise _bad(f"{type(exc).__name__}: {exc}"[:300]) from None
+        try:
+            obj = unpickler.load()
+        except DecodeError:
+            raise
+        except RecursionError:
+            raise _bad("nested too deeply") from None
+        except MemoryError:
+            raise _bad("needs more memory than available (corrupt length?)") from None
+        except Exception as exc:  # pickle raises UnpicklingError, EOFError, ValueError, KeyError, ...
+            raise _bad(f"{type(exc).__name__}: {exc}"[:300]) from None
+        finally:
+            # The stack and memo may hold up to the limits' worth of objects: not past here.
+            unpickler.stack = unpickler.metastack = []
+            unpickler.memo = {}
+        try:
+            return _resolve(obj)
+        except DecodeError:
+            raise
+        except Exception as exc:  # e.g. a BYTEARRAY8 value used as a dict key or set member
+            raise _bad(f"{type(exc).__name__}: {exc}"[:300]) from None
+    finally:
+        _ACTIVE.unpickler = previous
 
 
 class LegacyCodec(Codec):

@@ -26,7 +26,6 @@ cannot make the decoder allocate.
 
 from __future__ import annotations
 
-import math
 import struct
 from collections.abc import Mapping
 from typing import Any
@@ -37,6 +36,17 @@ import numpy as np
 from ..errors import DecodeError, EncodeError
 from ._base import MAX_DEPTH, MSGPACK_CONTENT_TYPE, Codec
 from ._dtypes import parse_dtype
+from .images import JPEG_MAGIC, refused_format
+from .jpeg import MAX_JPEG_PIXELS
+from .limits import (
+    MAX_CONTAINERS,
+    MAX_ELEMENTS,
+    MAX_IMAGE_SIDE,
+    MAX_NDIM,
+    brief_repr,
+    check_array_shape,
+    limit_error,
+)
 from .observation import JpegFrame, Observation, is_observation_dict
 
 __all__ = ["MAGIC", "MSGPACK_PROTOCOL_VERSION", "MsgpackCodec"]
@@ -49,9 +59,14 @@ EXT_JPEG = 2
 
 _PREFIX = struct.Struct("<4sBBHII")
 _PREFIX_LEN = _PREFIX.size  # 16
-_MAX_BUFFERS = 1 << 20
+#: Buffers one frame may declare: the table is parsed into Python ints (~80 bytes per entry), and
+#: a real reply has a few hundred arrays (64 workers x ~6).
+_MAX_BUFFERS = 1 << 16
+#: Header bytes. Large only because JPEG frames travel inside it (64 workers x 4 cameras).
 _MAX_HEADER = 256 * 1024 * 1024
-_MAX_NDIM = 32
+#: Headers up to this size are unpacked without a pre-scan: even 64 KiB of one-byte empty
+#: containers cost only ~5 MiB. Larger ones are scanned first (:func:`_scan`).
+_SCAN_ABOVE = 64 * 1024
 _INT_MIN = -(1 << 63)
 _INT_MAX = (1 << 64) - 1
 #: numpy kinds that travel as arrays: bool, signed/unsigned int, float, complex.
@@ -88,8 +103,8 @@ class _Encoder:
                 f"arrays of dtype {dt} (kind {dt.kind!r}) are not supported; "
                 "only bool, integer, float and complex arrays travel on the wire"
             )
-        if arr.ndim > _MAX_NDIM:
-            raise self.fail(f"array has {arr.ndim} dimensions (limit {_MAX_NDIM})")
+        if arr.ndim > MAX_NDIM:
+            raise self.fail(f"array has {arr.ndim} dimensions (limit {MAX_NDIM})")
         if not arr.flags.c_contiguous:
             arr = np.ascontiguousarray(arr)
         idx = len(self.buffers)
@@ -213,6 +228,8 @@ class MsgpackCodec(Codec):
         except (OverflowError, TypeError, ValueError) as exc:
             raise EncodeError(f"msgpack codec cannot encode the value: {exc}") from None
         n = len(enc.buffers)
+        if n > _MAX_BUFFERS:  # the decoder refuses such frames (see _MAX_BUFFERS)
+            raise EncodeError(f"msgpack codec cannot encode {n} arrays in one frame (limit {_MAX_BUFFERS})")
         table_len = 16 * n
         pos = _align(_PREFIX_LEN + table_len + len(header))
         table: list[int] = []
@@ -317,32 +334,33 @@ class MsgpackCodec(Codec):
                 return _make_jpeg(payload)
             raise DecodeError(f"unknown ext type {code} in header", codec="msgpack")
 
-        try:
-            tree = msgpack.unpackb(
-                mv[header_start:header_end],
-                ext_hook=ext_hook,
-                raw=False,
-                use_list=True,
-                strict_map_key=False,
-            )
-        except DecodeError:
-            raise
-        except msgpack.StackError:
-            raise DecodeError(
-                f"header nested too deeply (limit {MAX_DEPTH})", codec="msgpack"
-            ) from None
-        except (
-            Exception
-        ) as exc:  # msgpack raises ExtraData, FormatError, ValueError, TypeError, ...
-            raise DecodeError(
-                f"malformed msgpack header: {type(exc).__name__}: {exc}", codec="msgpack"
-            ) from None
+        tree = _unpack(mv[header_start:header_end], ext_hook, "header")
         return _finish(tree, 0)
+
+    def decode_plain(self, data: bytes | bytearray | memoryview) -> Any:
+        """Decode a plain msgpack document (no frame) within the same limits.
+
+        For files (``gmp validate``): the tree is returned as msgpack builds it (observation
+        dicts are not wrapped, ext values stay ``msgpack.ExtType``). Raises :class:`DecodeError`
+        like :meth:`decode`.
+        """
+        try:
+            mv = memoryview(data).cast("B")
+        except TypeError:
+            raise DecodeError(
+                f"expected contiguous bytes, got {type(data).__name__}", codec="msgpack"
+            ) from None
+        if mv.nbytes > self.max_size:
+            raise DecodeError(
+                f"document of {mv.nbytes} bytes exceeds the limit of {self.max_size}",
+                codec="msgpack",
+            )
+        return _finish(_unpack(mv, msgpack.ExtType, "document"), 0, wrap=False)
 
 
 def _make_array(mv: memoryview, buffers: list[tuple[int, int]], payload: bytes) -> np.ndarray:
     try:
-        ref = msgpack.unpackb(payload, raw=False, use_list=True)
+        ref = msgpack.unpackb(payload, raw=False, use_list=True, **_REF_LIMITS)
     except Exception as exc:
         raise DecodeError(f"malformed array reference: {exc}", codec="msgpack") from None
     if not (isinstance(ref, list) and len(ref) == 3):
@@ -350,24 +368,25 @@ def _make_array(mv: memoryview, buffers: list[tuple[int, int]], payload: bytes) 
     dstr, shape, idx = ref
     dt = parse_dtype(dstr)
     if dt is None:
-        raise DecodeError(f"array reference: bad dtype {str(dstr)[:40]!r}", codec="msgpack")
+        raise DecodeError(f"array reference: bad dtype {brief_repr(dstr, 40)}", codec="msgpack")
     if dt.kind not in _ARRAY_KINDS or dt.fields is not None or dt.subdtype is not None:
         raise DecodeError(
             f"array reference: dtype {dstr!r} is not allowed (object/void/structured)",
             codec="msgpack",
         )
-    if not isinstance(shape, list) or len(shape) > _MAX_NDIM:
-        raise DecodeError(f"array reference: bad shape {shape!r}", codec="msgpack")
+    if not isinstance(shape, list) or len(shape) > MAX_NDIM:
+        raise DecodeError(f"array reference: bad shape {brief_repr(shape)}", codec="msgpack")
     for d in shape:
         if type(d) is not int or d < 0:
-            raise DecodeError(f"array reference: bad shape {shape!r}", codec="msgpack")
+            raise DecodeError(f"array reference: bad shape {brief_repr(shape)}", codec="msgpack")
     if type(idx) is not int or not 0 <= idx < len(buffers):
         raise DecodeError(
             f"array reference: buffer index {idx!r} out of range ({len(buffers)} buffers)",
             codec="msgpack",
         )
     off, ln = buffers[idx]
-    count = math.prod(shape)
+    # Also for shapes without data: (0, 2**40) needs 0 bytes but is refused like any huge shape.
+    count = check_array_shape(shape, dt.itemsize, what="array reference", codec="msgpack")
     if count * dt.itemsize != ln:
         raise DecodeError(
             f"array reference: shape {shape} of {dstr} needs {count * dt.itemsize} bytes, buffer {idx} has {ln}",
@@ -381,21 +400,171 @@ def _make_array(mv: memoryview, buffers: list[tuple[int, int]], payload: bytes) 
 
 def _make_jpeg(payload: bytes) -> JpegFrame:
     try:
-        ref = msgpack.unpackb(payload, raw=False, use_list=True)
+        ref = msgpack.unpackb(payload, raw=False, use_list=True, **_REF_LIMITS)
         shape, data = ref
         if not isinstance(data, bytes):
             raise TypeError("data is not bytes")
-        return JpegFrame(data, shape)
+        frame = JpegFrame(data, shape)
     except Exception as exc:
         raise DecodeError(f"malformed JPEG frame reference: {exc}", codec="msgpack") from None
+    h, w, _ = frame.shape
+    if h > MAX_IMAGE_SIDE or w > MAX_IMAGE_SIDE or h * w > MAX_JPEG_PIXELS:
+        raise limit_error(
+            f"JPEG frame of shape {list(frame.shape)} exceeds the limit of {MAX_JPEG_PIXELS} "
+            f"pixels ({MAX_IMAGE_SIDE} per side)",
+            "MAX_JPEG_PIXELS",
+            codec="msgpack",
+            bound=MAX_JPEG_PIXELS,
+        )
+    # Checked here, not only when decoded: recorders hand the bytes straight to a video encoder.
+    if not data.startswith(JPEG_MAGIC):
+        raise DecodeError(f"JPEG frame: {refused_format(data, ('JPEG',))}", codec="msgpack")
+    return frame
 
 
-def _finish(node: Any, depth: int) -> Any:
-    """Wrap observation dicts as Observations and enforce the depth limit (in place)."""
+#: An array or JPEG reference is ``[dtype, shape, index]`` or ``[shape, bytes]``: a few values.
+_REF_LIMITS: dict[str, int] = {"max_array_len": MAX_NDIM + 3, "max_map_len": 0}
+
+
+def _unpack(data: memoryview | bytes, ext_hook: Any, what: str) -> Any:
+    """``msgpack.unpackb`` within the limits; large inputs are pre-scanned (:func:`_scan`)."""
+    n = len(data)
+    if n > _SCAN_ABOVE:
+        _scan(data, what)
+    cap = min(n, MAX_ELEMENTS)
+    try:
+        return msgpack.unpackb(
+            data,
+            ext_hook=ext_hook,
+            raw=False,
+            use_list=True,
+            strict_map_key=False,
+            max_array_len=cap,
+            max_map_len=cap,
+        )
+    except DecodeError:
+        raise
+    except msgpack.StackError:
+        raise limit_error(
+            f"{what} nested too deeply (limit {MAX_DEPTH})", "MAX_DEPTH", codec="msgpack"
+        ) from None
+    except Exception as exc:  # msgpack raises ExtraData, FormatError, ValueError, TypeError, ...
+        raise DecodeError(
+            f"malformed msgpack {what}: {type(exc).__name__}: {exc}"[:300], codec="msgpack"
+        ) from None
+
+
+# First byte -> (kind, n): kind 0 = scalar followed by n bytes; 1 = str/bin with an n-byte length;
+# 2 = ext with an n-byte length (+ 1 type byte); 3 = fixext of n bytes (+ 1 type byte);
+# 4 = array of n items (n < 0: count in the next -n bytes); 5 = map, likewise; 6 = invalid (0xc1).
+def _build_table() -> list[tuple[int, int]]:
+    t = [(6, 0)] * 256
+    for b in range(0x00, 0x80):
+        t[b] = (0, 0)
+    for b in range(0xE0, 0x100):
+        t[b] = (0, 0)
+    for b in range(0x80, 0x90):
+        t[b] = (5, b & 0x0F)
+    for b in range(0x90, 0xA0):
+        t[b] = (4, b & 0x0F)
+    for b in range(0xA0, 0xC0):
+        t[b] = (0, b & 0x1F)
+    for b, v in {
+        0xC0: (0, 0), 0xC2: (0, 0), 0xC3: (0, 0),
+        0xC4: (1, 1), 0xC5: (1, 2), 0xC6: (1, 4),
+        0xC7: (2, 1), 0xC8: (2, 2), 0xC9: (2, 4),
+        0xCA: (0, 4), 0xCB: (0, 8), 0xCC: (0, 1), 0xCD: (0, 2), 0xCE: (0, 4), 0xCF: (0, 8),
+        0xD0: (0, 1), 0xD1: (0, 2), 0xD2: (0, 4), 0xD3: (0, 8),
+        0xD4: (3, 1), 0xD5: (3, 2), 0xD6: (3, 4), 0xD7: (3, 8), 0xD8: (3, 16),
+        0xD9: (1, 1), 0xDA: (1, 2), 0xDB: (1, 4),
+        0xDC: (4, -2), 0xDD: (4, -4), 0xDE: (5, -2), 0xDF: (5, -4),
+    }.items():  # fmt: skip
+        t[b] = v
+    return t
+
+
+_TABLE = _build_table()
+
+
+def _scan(data: memoryview | bytes, what: str) -> None:
+    """Count the containers, values and depth of one msgpack object without building it.
+
+    msgpack-python allocates as it parses (an empty list per ``0x90`` byte: 4 MB of them were
+    4 million lists) and has no total-count limit, so a large header is walked first, iteratively,
+    skipping str/bin/ext payloads in O(1). Stops at the first limit exceeded
+    (:class:`~genmanip_protocol.errors.DecodeLimitError`); malformed or truncated input is left to
+    msgpack to report. Depth is counted like :func:`_finish` counts it.
+    """
+    buf = data if isinstance(data, bytes) else memoryview(data).cast("B")
+    end = len(buf)
+    table = _TABLE
+    pos = 0
+    containers = elements = 0
+    stack: list[int] = []  # items still to read in each enclosing container
+    left = 1  # items still to read at this level (the root: one object)
+    try:
+        while True:
+            if not left:
+                if not stack:
+                    return
+                left = stack.pop()
+                continue
+            left -= 1
+            kind, n = table[buf[pos]]
+            pos += 1
+            if kind == 0:
+                pos += n
+            elif kind == 1:
+                pos += n + int.from_bytes(buf[pos : pos + n], "big")
+            elif kind == 2:
+                pos += n + 1 + int.from_bytes(buf[pos : pos + n], "big")
+            elif kind == 3:
+                pos += n + 1
+            elif kind == 6:
+                return  # 0xc1: msgpack reports it
+            else:
+                if n < 0:
+                    n, pos = int.from_bytes(buf[pos : pos - n], "big"), pos - n
+                if kind == 5:
+                    n *= 2
+                containers += 1
+                elements += n
+                if len(stack) >= MAX_DEPTH:
+                    raise limit_error(
+                        f"msgpack {what} nested deeper than {MAX_DEPTH} levels",
+                        "MAX_DEPTH",
+                        codec="msgpack",
+                    )
+                if containers > MAX_CONTAINERS:
+                    raise limit_error(
+                        f"msgpack {what} holds more than {MAX_CONTAINERS} arrays/maps",
+                        "MAX_CONTAINERS",
+                        codec="msgpack",
+                    )
+                if elements > MAX_ELEMENTS:
+                    raise limit_error(
+                        f"msgpack {what} holds more than {MAX_ELEMENTS} values",
+                        "MAX_ELEMENTS",
+                        codec="msgpack",
+                    )
+                if n:
+                    stack.append(left)
+                    left = n
+            if pos > end:
+                return  # truncated: msgpack reports it
+    except IndexError:
+        return  # truncated: msgpack reports it
+
+
+def _finish(node: Any, depth: int, wrap: bool = True) -> Any:
+    """Wrap observation dicts as Observations (unless ``wrap`` is False) and enforce the depth
+    limit (in place)."""
     t = type(node)
     if t is dict:
         if depth >= MAX_DEPTH:
-            raise DecodeError(f"header nested deeper than {MAX_DEPTH} levels", codec="msgpack")
+            raise limit_error(
+                f"header nested deeper than {MAX_DEPTH} levels", "MAX_DEPTH", codec="msgpack"
+            )
         for k, v in node.items():
             tk = type(k)
             if tk is not str and tk is not int:
@@ -404,16 +573,18 @@ def _finish(node: Any, depth: int) -> Any:
                 )
             tv = type(v)
             if tv is dict or tv is list:
-                node[k] = _finish(v, depth + 1)
-        if is_observation_dict(node):
+                node[k] = _finish(v, depth + 1, wrap)
+        if wrap and is_observation_dict(node):
             return Observation._wrap(node)
         return node
     if t is list:
         if depth >= MAX_DEPTH:
-            raise DecodeError(f"header nested deeper than {MAX_DEPTH} levels", codec="msgpack")
+            raise limit_error(
+                f"header nested deeper than {MAX_DEPTH} levels", "MAX_DEPTH", codec="msgpack"
+            )
         for i, v in enumerate(node):
             tv = type(v)
             if tv is dict or tv is list:
-                node[i] = _finish(v, depth + 1)
+                node[i] = _finish(v, depth + 1, wrap)
         return node
     return node

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DecodeError, EncodeError
-from .jpeg import decode_jpeg, encode_jpeg
+from .jpeg import decode_jpeg, encode_jpeg, jpeg_size
 
 __all__ = ["CAMERA_PREFIX", "STATE_PREFIX", "JpegFrame", "Observation", "is_observation_dict"]
 
@@ -73,6 +73,14 @@ class JpegFrame:
 
     def decode(self) -> np.ndarray:
         """Decode to an ``(H, W, 3)`` uint8 RGB array; DecodeError if it does not match ``shape``."""
+        # Header first: a frame whose header disagrees with its declared shape is refused before
+        # the decoder allocates the header's (possibly 16 Mpixel) output.
+        h, w = jpeg_size(self.data)
+        if (h, w, 3) != self.shape:
+            raise DecodeError(
+                f"JPEG frame header says {h}x{w} but the frame was declared {self.shape}",
+                codec="jpeg",
+            )
         arr = decode_jpeg(self.data)
         if arr.shape != self.shape:
             raise DecodeError(

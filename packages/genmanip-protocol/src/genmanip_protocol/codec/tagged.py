@@ -15,24 +15,24 @@ from __future__ import annotations
 
 import base64
 import binascii
-import math
 import re
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from ..errors import DecodeError, EncodeError
+from ..errors import DecodeError, DecodeLimitError, EncodeError
 from ._base import MAX_DEPTH
 from ._dtypes import parse_dtype
+from .images import JPEG_MAGIC, decode_image, refused_format
 from .jpeg import MAX_JPEG_PIXELS
+from .limits import MAX_IMAGE_SIDE, MAX_NDIM, brief_repr, check_array_shape, limit_error
 from .observation import JpegFrame, Observation, is_observation_dict
 
 __all__ = ["TAG_TYPES", "tag_tree", "untag_tree"]
 
 TAG_TYPES = frozenset({"numpy_array", "jpeg_bytes", "tensor", "image"})
 _ARRAY_KINDS = frozenset("biufc")
-_MAX_NDIM = 32
 
 # torch dtype names (after "torch.") -> numpy dtype; bfloat16 is widened to float32 separately.
 _TORCH_DTYPES: dict[str, str] = {
@@ -67,6 +67,13 @@ class _Untagger:
     def fail(self, msg: str) -> DecodeError:
         return DecodeError(f"legacy reply field {_path_str(self.path)}: {msg}", codec="legacy")
 
+    def refail(self, exc: DecodeError, field: str) -> DecodeError:
+        """``exc`` with this field's path in front, keeping its type (limits stay limits)."""
+        msg = f"legacy reply field {_path_str(self.path)}: {field}{exc}"
+        if isinstance(exc, DecodeLimitError):
+            return DecodeLimitError(msg, limit=exc.limit, bound=exc.bound, codec="legacy")
+        return DecodeError(msg, codec="legacy")
+
     def walk(self, node: Any, depth: int) -> Any:
         t = type(node)
         if t is dict or isinstance(node, dict):
@@ -74,7 +81,10 @@ class _Untagger:
             if i in self.memo:
                 return self.memo[i][1]
             if depth >= MAX_DEPTH:
-                raise self.fail(f"nested deeper than {MAX_DEPTH} levels")
+                raise self.refail(
+                    limit_error(f"nested deeper than {MAX_DEPTH} levels", "MAX_DEPTH", codec="legacy"),
+                    "",
+                )
             tag = node.get("type")
             if type(tag) is str and tag in TAG_TYPES and "data" in node:
                 out = self.untag(tag, node)
@@ -98,7 +108,10 @@ class _Untagger:
             if i in self.memo:
                 return self.memo[i][1]
             if depth >= MAX_DEPTH:
-                raise self.fail(f"nested deeper than {MAX_DEPTH} levels")
+                raise self.refail(
+                    limit_error(f"nested deeper than {MAX_DEPTH} levels", "MAX_DEPTH", codec="legacy"),
+                    "",
+                )
             lst = node if t is list else list(node)
             self.memo[i] = (node, lst)
             path = self.path
@@ -132,19 +145,19 @@ class _Untagger:
         return d[name]
 
     def shape_list(self, shape: Any) -> tuple[int, ...]:
-        if not isinstance(shape, (list, tuple)) or len(shape) > _MAX_NDIM:
-            raise self.fail(f"shape: expected a list of ints, got {shape!r}"[:200])
+        if not isinstance(shape, (list, tuple)) or len(shape) > MAX_NDIM:
+            raise self.fail(f"shape: expected a list of ints, got {brief_repr(shape)}")
         out = []
         for s in shape:
             if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 0:
-                raise self.fail(f"shape: expected non-negative ints, got {shape!r}"[:200])
+                raise self.fail(f"shape: expected non-negative ints, got {brief_repr(shape)}")
             out.append(int(s))
         return tuple(out)
 
     def dtype(self, spec: Any) -> np.dtype[Any]:
         dt = parse_dtype(spec)
         if dt is None:
-            raise self.fail(f"dtype: unknown dtype {spec!r}"[:200])
+            raise self.fail(f"dtype: unknown dtype {brief_repr(spec)}")
         if dt.kind not in _ARRAY_KINDS or dt.fields is not None or dt.subdtype is not None:
             raise self.fail(f"dtype: {spec!r} is not a bool/int/float/complex dtype")
         return dt
@@ -171,7 +184,11 @@ class _Untagger:
             raise self.fail(f"data: invalid base64 ({exc})") from None
 
     def make_array(self, raw: bytes, dt: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray:
-        count = math.prod(shape)
+        # Before np.empty/reshape: (0, 2**40) holds no data but is refused like any huge shape.
+        try:
+            count = check_array_shape(shape, dt.itemsize, what="shape", codec="legacy")
+        except DecodeError as exc:
+            raise self.refail(exc, "") from None
         if count * dt.itemsize != len(raw):
             raise self.fail(
                 f"data: {len(raw)} bytes, but shape {list(shape)} of {dt} needs {count * dt.itemsize}"
@@ -196,15 +213,30 @@ class _Untagger:
         shape = self.shape_list(self.field(d, "shape"))
         dt = d.get("dtype", "uint8")
         if dt != "uint8":
-            raise self.fail(f"dtype: JPEG frames are uint8, got {dt!r}"[:200])
+            raise self.fail(f"dtype: JPEG frames are uint8, got {brief_repr(dt)}")
         if len(shape) != 3 or shape[2] != 3 or shape[0] == 0 or shape[1] == 0:
             raise self.fail(f"shape: expected [H, W, 3], got {list(shape)}")
+        h, w = shape[0], shape[1]
+        if h > MAX_IMAGE_SIDE or w > MAX_IMAGE_SIDE or h * w > MAX_JPEG_PIXELS:
+            raise self.refail(
+                limit_error(
+                    f"{list(shape)} exceeds the limit of {MAX_JPEG_PIXELS} pixels "
+                    f"({MAX_IMAGE_SIDE} per side)",
+                    "MAX_JPEG_PIXELS",
+                    codec="legacy",
+                    bound=MAX_JPEG_PIXELS,
+                ),
+                "shape: ",
+            )
+        # Checked here, not only when decoded: the bytes may go straight to a video encoder.
+        if not data.startswith(JPEG_MAGIC):
+            raise self.fail(f"data: {refused_format(data, ('JPEG',))}")
         return JpegFrame(bytes(data), shape)
 
     def tensor(self, d: dict[Any, Any]) -> np.ndarray:
         spec = self.field(d, "dtype")
         if not isinstance(spec, str):
-            raise self.fail(f"dtype: expected a torch dtype name, got {spec!r}"[:200])
+            raise self.fail(f"dtype: expected a torch dtype name, got {brief_repr(spec)}")
         name = spec[6:] if spec.startswith("torch.") else spec
         shape_raw = self.field(d, "shape")
         if isinstance(shape_raw, str):
@@ -214,7 +246,7 @@ class _Untagger:
                 raise self.fail(f"shape: cannot parse {shape_raw[:60]!r}")
             inner = m.group(1).strip().rstrip(",")
             shape = tuple(int(x) for x in inner.split(",") if x.strip()) if inner else ()
-            if len(shape) > _MAX_NDIM:
+            if len(shape) > MAX_NDIM:
                 raise self.fail(f"shape: {len(shape)} dimensions")
         else:
             shape = self.shape_list(shape_raw)
@@ -227,36 +259,17 @@ class _Untagger:
             return out
         np_name = _TORCH_DTYPES.get(name)
         if np_name is None:
-            raise self.fail(f"dtype: unsupported tensor dtype {spec!r}"[:200])
+            raise self.fail(f"dtype: unsupported tensor dtype {brief_repr(spec)}")
         return self.make_array(raw, np.dtype(np_name), shape)
 
     def image(self, d: dict[Any, Any]) -> np.ndarray:
+        # JPEG/PNG only, judged from the magic bytes before Pillow sees the data: Pillow's EPS
+        # plugin would run Ghostscript on it. The size is checked from the header before load().
         raw = self.b64(d["data"])
         try:
-            import PIL.Image
-        except ImportError:
-            raise self.fail("an 'image' value needs Pillow: pip install pillow") from None
-        import io
-
-        try:
-            with PIL.Image.open(io.BytesIO(raw)) as img:
-                # Checked before load(): a 500 KB PNG can declare 12000x12000 RGB (430 MB), which
-                # is under Pillow's own bomb limit (found by bench/reliability/fuzz_codecs.py).
-                w, h = img.size
-                if w * h > MAX_JPEG_PIXELS:
-                    too_big = (
-                        f"data: image of {w}x{h} pixels exceeds the limit of {MAX_JPEG_PIXELS}"
-                    )
-                else:
-                    too_big = ""
-                    img.load()
-                    arr = np.asarray(img)
-        except Exception as exc:  # PIL raises OSError, ValueError, DecompressionBombError, ...
-            raise self.fail(f"data: invalid image ({type(exc).__name__}: {exc})"[:300]) from None
-        if too_big:
-            raise self.fail(too_big)
-        arr.flags.writeable = False
-        return arr
+            return decode_image(raw, max_pixels=MAX_JPEG_PIXELS, codec="legacy")
+        except DecodeError as exc:
+            raise self.refail(exc, "data: ") from None
 
 
 # strict_mode exists from Python 3.11; typed as Any so the 3.10 stubs accept the keyword.

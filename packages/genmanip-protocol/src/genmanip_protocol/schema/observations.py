@@ -9,7 +9,7 @@ import numpy as np
 
 from ..errors import ValidationError, Violation
 from ..robots import RobotSpec, get_robot
-from ._checks import _Ctx, _describe, _is_bool, _is_number, _short
+from ._checks import _Ctx, _describe, _is_bool, _is_count, _is_number, _short
 from .ids import split_episode_id
 
 __all__ = ["check_observation", "validate_observation"]
@@ -99,8 +99,8 @@ def _check_observation(spec: RobotSpec | None, obs: Any, ctx: _Ctx, strict: bool
         ts = obs["timestep"]
         if not isinstance(ts, (int, np.integer)) or _is_bool(ts):
             ctx.add("timestep", "an int", _describe(ts))
-        elif ts < 0:
-            ctx.add("timestep", "an int >= 0", repr(int(ts)))
+        elif not _is_count(ts):
+            ctx.add("timestep", "an int in 0..2**63-1", _describe(ts))
     if "reset" in keys and not _is_bool(obs["reset"]):
         ctx.add("reset", "a bool", _describe(obs["reset"]))
     if "episode_id" in keys:

@@ -7,10 +7,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from ..errors import ResponseError, Violation
-from ._checks import _describe, _is_bool, _is_number, _short
+from ._checks import _describe, _is_bool, _is_count, _is_number, _short
 from .metrics import EpisodeResult, normalize_metric, parse_episode_result
 
 __all__ = [
@@ -146,7 +144,7 @@ def parse_chunk_response(data: Any, expected_workers: Iterable[Any] | None = Non
         raise ResponseError(Violation("response.obs", "a dict {worker_id: entry}", "missing"))
     entries = _parse_entries(data["obs"], expected_workers, "response.obs")
     ex = data.get("executed_steps")
-    if not isinstance(ex, (int, np.integer)) or _is_bool(ex) or ex < 0:
+    if not _is_count(ex):
         raise ResponseError(
             Violation(
                 "response.executed_steps", "an int >= 0", "missing" if ex is None else _describe(ex)
@@ -242,7 +240,7 @@ def parse_status(payload: Any) -> ServerStatus:
         v = data.get(name, 0)
         if v is None:
             return 0
-        if not isinstance(v, (int, np.integer)) or _is_bool(v) or v < 0:
+        if not _is_count(v):
             raise ResponseError(Violation(f"{w}.{name}", "an int >= 0", _describe(v)))
         return int(v)
 

@@ -13,6 +13,10 @@ become exit codes:
 * anything else is a bug -> a one-line message and ``ExitCode.INTERNAL`` (70); the traceback is
   printed with ``-v``.
 
+Everything this module prints (error lines, hints, tracebacks, log records) goes through
+:func:`genmanip_runtime.text.safe_text` first: a message quoting a server cannot move the cursor,
+write the clipboard or show a registered token (see ``_console_bridge`` and :class:`_SafeFormatter`).
+
 Only the stdlib is imported before a handler runs, so ``gmp --help`` stays fast.
 """
 
@@ -61,8 +65,32 @@ def _lowercase_level(record: logging.LogRecord) -> bool:
     return True
 
 
+class _SafeFormatter(logging.Formatter):
+    """Delegates to :class:`genmanip_runtime.text.SafeFormatter` (log records are made safe:
+    secrets scrubbed, control characters escaped), imported at the first record so that ``gmp``
+    stays stdlib-only until a handler runs; plain formatting when genmanip-runtime is missing (then
+    nothing from a server can be in a record)."""
+
+    def __init__(self, fmt: str) -> None:
+        super().__init__(fmt)
+        self._delegate: logging.Formatter | None = None
+
+    def format(self, record: logging.LogRecord) -> str:
+        if self._delegate is None:
+            try:
+                from genmanip_runtime.text import SafeFormatter
+            except ImportError:
+                self._delegate = logging.Formatter(self._fmt)
+            else:
+                self._delegate = SafeFormatter(self._fmt)
+        return self._delegate.format(record)
+
+
 def configure_logging(verbose: int, quiet: bool, stream: TextIO | None = None) -> None:
-    """Configure the root logger once: stderr, WARNING by default, -v INFO, -vv DEBUG, -q ERROR."""
+    """Configure the root logger once: stderr, WARNING by default, -v INFO, -vv DEBUG, -q ERROR.
+
+    Records are formatted by :class:`_SafeFormatter`: a record quoting a server's reply cannot
+    drive the terminal, forge a line or show a registered token."""
     if quiet:
         level = logging.ERROR
     elif verbose >= 2:
@@ -79,7 +107,7 @@ def configure_logging(verbose: int, quiet: bool, stream: TextIO | None = None) -
     handler._gmp_handler = True  # type: ignore[attr-defined]
     fmt = "%(levelname)s %(name)s: %(message)s" if verbose >= 2 else "gmp: %(level)s: %(message)s"
     handler.addFilter(_lowercase_level)
-    handler.setFormatter(logging.Formatter(fmt))
+    handler.setFormatter(_SafeFormatter(fmt))
     root.addHandler(handler)
     root.setLevel(level)
 
@@ -152,6 +180,14 @@ def _print_error(message: str, hint: str | None = None) -> None:
     sys.stderr.flush()
 
 
+def _print_traceback() -> None:
+    # A traceback quotes the exception's message, i.e. possibly a server's text: made safe too.
+    from .._console_bridge import safe_block
+
+    sys.stderr.write(safe_block(traceback.format_exc()))
+    sys.stderr.flush()
+
+
 def _is_genmanip_error(exc: BaseException) -> bool:
     errors = sys.modules.get("genmanip_protocol.errors")
     return errors is not None and isinstance(exc, errors.GenmanipError)
@@ -198,13 +234,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BaseException as exc:
         if _is_genmanip_error(exc):
             if verbose >= 1:
-                traceback.print_exc(file=sys.stderr)
+                _print_traceback()
             _print_error(str(exc), getattr(exc, "hint", None))
             return int(exc.exit_code)  # type: ignore[attr-defined]
         if not isinstance(exc, Exception):
             raise
         if verbose >= 1:
-            traceback.print_exc(file=sys.stderr)
+            _print_traceback()
         signalled = stopped_by_signal()
         if signalled is not None:
             return interrupted_code(signalled)
