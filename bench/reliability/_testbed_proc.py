@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from genmanip_testbed import server as server_mod
+from genmanip_testbed.app import build_asgi_app
 from genmanip_testbed.core import EvalCore
 from genmanip_testbed.server import ServerOptions, serve_testbed
 
@@ -170,13 +171,14 @@ class _Killer:
         EvalCore.reset = reset  # type: ignore[method-assign]
         EvalCore.reset_result = reset_result  # type: ignore[method-assign]
 
-        orig_build = server_mod.build_asgi_app
+        orig_build = build_asgi_app
 
         def build(server: Any, *args: Any, **kwargs: Any) -> Any:
             killer.core = server.core
             return _Watch(orig_build(server, *args, **kwargs), killer)
 
-        server_mod.build_asgi_app = build  # type: ignore[assignment]
+        # (LocalServer calls the name imported into genmanip_testbed.server)
+        server_mod.build_asgi_app = build  # type: ignore[attr-defined]
 
 
 def _wait(cond: Any, timeout: float = 30.0) -> None:
