@@ -132,6 +132,41 @@ def test_rerun_replaces_attempt_and_abort_marks_incomplete(tmp_path: Path) -> No
     assert "lock_lost" in marker["reason"]
 
 
+def test_a_late_abort_leaves_a_later_attempt_alone(tmp_path: Path) -> None:
+    # The server re-queues a killed or lock-lost seed at once: another process's recorder may
+    # begin the same episode directory before this recorder's writer gets to the abort. The late
+    # abort must not delete the later attempt's frame spool or overwrite its marker (seen as
+    # "recording failed: No such file or directory: '<episode>/.frames'" under load).
+    a, b = Recorder(tmp_path), Recorder(tmp_path)
+    a.observation("0", make_obs(0, reset=True))
+    a._sync()
+    b.observation("1", make_obs(0, reset=True))  # begins the same directory: a's attempt is over
+    b._sync()
+    a.episode_aborted("0", "restarted: the failed request may have run")
+    a.close()
+    for t in range(3):
+        b.executed("1", [ACTION], obs_timesteps=[t], chunk=[None], latency=None)
+        if t < 2:
+            b.observation("1", make_obs(t + 1, value=t))
+    b.episode_end("1", result(), lock_lost=False)
+    b.close()
+    ep = tmp_path / EID
+    assert json.loads((ep / "result.json").read_text())["score"] == 1.0
+    assert not (ep / "INCOMPLETE").exists()
+    assert len((ep / "steps.jsonl").read_text().splitlines()) == 3
+    assert probe_video(ep / "left_camera.mp4")[0] == 3
+
+
+def test_an_abort_of_its_own_attempt_still_marks_it(tmp_path: Path) -> None:
+    rec = Recorder(tmp_path)
+    rec.observation("0", make_obs(0, reset=True))
+    rec.episode_aborted("0", "restarted: the failed request may have run")
+    rec.close()
+    marker = json.loads((tmp_path / EID / "INCOMPLETE").read_text())
+    assert marker["reason"].startswith("restarted:")
+    assert not (tmp_path / EID / ".frames").exists()
+
+
 @pytest.mark.parametrize(
     "eid",
     ["../../etc/x/000", "/abs/run/task/000", "b/r/t/../../../x", "b\\r\\t\\0", "C:/r/t/0", "b/r/t\x00/0"],

@@ -42,6 +42,7 @@ import socket
 import struct
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -72,7 +73,7 @@ from genmanip_results.live import write_live_view
 from genmanip_results.paths import UnsafePathError, create_exclusive, is_within, safe_file
 from genmanip_results.roots import resolve_results_root
 from genmanip_results.stats import wilson_interval
-from genmanip_runtime.atomic import atomic_write_json, json_default, merge_json
+from genmanip_runtime.atomic import FileLock, atomic_write_json, json_default, merge_json
 from genmanip_runtime.text import safe_text
 
 from .errors import EpisodeIdError, RecordingError
@@ -172,6 +173,11 @@ class _Episode:
     last_ts: int | None = None
     #: the server ended it; its result is awaited
     awaiting: bool = False
+    #: Which attempt at the episode directory this is (host, pid, a random part): written into its
+    #: INCOMPLETE marker, so an abort that reaches the writer late never touches the files of a
+    #: later attempt. The server re-queues an aborted seed at once; another process (or host)
+    #: may already be recording it in the same directory.
+    attempt: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}")
 
     def describe(self) -> dict[str, Any]:
         """What a later recorder needs to finish this episode (pending/awaiting result files)."""
@@ -691,22 +697,39 @@ class Recorder:
                 cur.pop(seed_key, None)
 
             merge_json(d.parent / EPISODE_RESULT, drop, d.parent / EPISODE_RESULT_LOCK)
-        for name in _RECORDING_FILES:
-            (d / name).unlink(missing_ok=True)
-        _unlink_markers(d)
-        for mp4 in d.glob(f"*{VIDEO_SUFFIX}"):
-            mp4.unlink()  # (a symlink: the link only)
-        atomic_write_json(
-            d / INCOMPLETE,
-            {"episode_id": ep.episode_id, "worker_id": ep.worker_id, "started": ep.started, "reason": None},
-            fsync=False,
-        )
-        _fresh_dir(d / FRAMES_DIR)
-        self._open[id(ep)] = {
-            "steps": create_exclusive(d / STEPS_JSONL, within=self._root_resolved, field=STEPS_JSONL),
-            "frames": {},
-            "last": {},
-        }
+        with self._attempt_lock(ep):
+            for name in _RECORDING_FILES:
+                (d / name).unlink(missing_ok=True)
+            _unlink_markers(d)
+            for mp4 in d.glob(f"*{VIDEO_SUFFIX}"):
+                mp4.unlink()  # (a symlink: the link only)
+            atomic_write_json(
+                d / INCOMPLETE,
+                {"episode_id": ep.episode_id, "worker_id": ep.worker_id, "started": ep.started,
+                 "reason": None, "attempt": ep.attempt},
+                fsync=False,
+            )
+            _fresh_dir(d / FRAMES_DIR)
+            self._open[id(ep)] = {
+                "steps": create_exclusive(d / STEPS_JSONL, within=self._root_resolved, field=STEPS_JSONL),
+                "frames": {},
+                "last": {},
+            }
+
+    def _attempt_lock(self, ep: _Episode) -> FileLock:
+        """The lock under which an attempt takes an episode directory (begin) or gives it up
+        (abort): the task's ``episode_result.lock``, so two recorders (processes, hosts on a shared
+        root) never interleave the two on one directory."""
+        return FileLock(ep.directory.parent / EPISODE_RESULT_LOCK, timeout=30.0)
+
+    @staticmethod
+    def _owns(ep: _Episode) -> bool:
+        """Is the directory's INCOMPLETE marker still this attempt's (nobody has begun it since)?"""
+        try:
+            info = json.loads((ep.directory / INCOMPLETE).read_text())
+        except (OSError, ValueError):
+            return False
+        return isinstance(info, dict) and info.get("attempt") == ep.attempt
 
     def _w_frame(self, ep: _Episode, frames: dict[str, Any], index: int) -> None:
         st = self._open.get(id(ep))
@@ -918,12 +941,20 @@ class Recorder:
     def _w_abort(self, ep: _Episode, reason: str) -> None:
         self._aborts_queued.discard(ep.directory)
         self._close_files(ep)
-        shutil.rmtree(ep.directory / FRAMES_DIR, ignore_errors=True)
-        _unlink_markers(ep.directory)
-        if ep.directory.is_dir():
+        if not ep.directory.is_dir():
+            return
+        with self._attempt_lock(ep):
+            if not self._owns(ep):
+                # A later attempt has the directory (the server re-queued the seed and another
+                # recorder began it before this abort reached the writer): its files are not ours.
+                log.debug("episode %s: a later attempt records it; abort leaves it alone", ep.episode_id)
+                return
+            shutil.rmtree(ep.directory / FRAMES_DIR, ignore_errors=True)
+            _unlink_markers(ep.directory)
             atomic_write_json(
                 ep.directory / INCOMPLETE,
-                {"episode_id": ep.episode_id, "worker_id": ep.worker_id, "started": ep.started, "reason": reason},
+                {"episode_id": ep.episode_id, "worker_id": ep.worker_id, "started": ep.started,
+                 "reason": reason, "attempt": ep.attempt},
                 fsync=False,
             )
 
