@@ -169,3 +169,14 @@ def test_scrubbing_a_long_text_is_fast() -> None:
     for _ in range(10):
         scrub_secrets(text)
     assert (time.perf_counter() - t0) / 10 < 0.05
+
+
+def test_a_transport_built_with_a_token_registers_it() -> None:
+    # Not only tokens read through the config: a transport given one directly (a library user's
+    # HttpTransport(url, token=...)) makes every output scrub it too.
+    from genmanip_runtime.transport import HttpTransport
+
+    token = "tk-" + "f00dfeed" * 4
+    assert token in scrub_secrets(f"echo {token}")
+    HttpTransport("http://127.0.0.1:9", token=token).close()
+    assert token not in scrub_secrets(f"echo {token}")

@@ -61,6 +61,7 @@ from .errors import (
     UnexpectedReply,
 )
 from .netpolicy import check_plain_http
+from .redact import register_secret
 from .text import safe_text
 
 if TYPE_CHECKING:
@@ -369,6 +370,10 @@ class HttpTransport:
         self.timeout = float(timeout)
         self.connect_timeout = float(connect_timeout) if connect_timeout else min(self.timeout, 10.0)
         self._token = token or None
+        if self._token:
+            # Whatever a server echoes of it (a reply, a redirect target) is scrubbed at every
+            # output, whoever built this transport (the config's resolve_token does the same).
+            register_secret(self._token)
         self._ca_file = os.fspath(ca_file) if ca_file else None
         self._ssl: ssl.SSLContext | None = None
         if self.scheme == "https":
