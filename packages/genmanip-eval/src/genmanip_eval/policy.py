@@ -53,7 +53,10 @@ __all__ = [
     "PolicyHandle",
     "PolicyNotInstalledError",
     "ZeroPolicy",
+    "check_action",
+    "check_chunk",
     "installed_policies",
+    "instantiate",
     "load_policy_factory",
     "parse_policy_args",
     "zero_policy",
@@ -273,6 +276,17 @@ def load_policy_factory(spec: str) -> Callable[..., Any]:
     return obj  # type: ignore[no-any-return]
 
 
+def instantiate(spec: str, factory: Callable[..., Any], args: Mapping[str, str] | None) -> Any:
+    """Call the policy ``factory`` of ``--policy spec`` with the ``--policy-arg`` strings."""
+    try:
+        return factory(**dict(args or {}))
+    except PolicyError:
+        raise
+    except (TypeError, ValueError) as exc:
+        # Factories parse their string arguments: a bad one is the user's input, not a crash.
+        raise PolicyError(f"--policy {spec!r}: the factory rejected its arguments: {exc}") from exc
+
+
 def _unwrap(result: Any, what: str) -> Any:
     if isinstance(result, Mapping) and not is_action_dict(result) and len(result) == 1:
         (inner,) = result.values()
@@ -297,15 +311,7 @@ class PolicyHandle:
     @classmethod
     def create(cls, spec: str, args: Mapping[str, str] | None = None) -> PolicyHandle:
         """Load ``spec`` and instantiate it with ``args``."""
-        factory = load_policy_factory(spec)
-        try:
-            policy = factory(**dict(args or {}))
-        except PolicyError:
-            raise
-        except (TypeError, ValueError) as exc:
-            # Factories parse their string arguments: a bad one is the user's input, not a crash.
-            raise PolicyError(f"--policy {spec!r}: the factory rejected its arguments: {exc}") from exc
-        return cls(policy, name=spec)
+        return cls(instantiate(spec, load_policy_factory(spec), args), name=spec)
 
     def _call(self, what: str, fn: Any, *args: Any) -> Any:
         try:
@@ -324,28 +330,37 @@ class PolicyHandle:
             self._call("reset()", fn)
 
     def action(self, obs: Any) -> Any:
-        result = _unwrap(self._call("get_action(obs)", self.policy.get_action, obs), "get_action")
-        if not is_action_dict(result):
-            raise PolicyError(
-                f"{self.name}: get_action returned {type(result).__name__}, expected an action dict "
-                "with 'action' and 'control_type'"
-            )
-        return result
+        result = self._call("get_action(obs)", self.policy.get_action, obs)
+        return check_action(self.name, "get_action", result)
 
     def chunk(self, obs: Any) -> list[Any]:
-        result = _unwrap(
-            self._call("get_action_chunk(obs)", self.policy.get_action_chunk, obs), "get_action_chunk"
+        result = self._call("get_action_chunk(obs)", self.policy.get_action_chunk, obs)
+        return check_chunk(self.name, "get_action_chunk", result)
+
+
+def check_action(name: str, what: str, result: Any) -> dict[str, Any]:
+    """``result`` of the policy's ``what`` as one action dict (a ``{worker_id: action}`` wrapper
+    is unwrapped); else :class:`PolicyError` naming the policy and the call."""
+    result = _unwrap(result, what)
+    if not is_action_dict(result):
+        raise PolicyError(
+            f"{name}: {what} returned {type(result).__name__}, expected an action dict "
+            "with 'action' and 'control_type'"
         )
-        if isinstance(result, Mapping) and is_action_dict(result):
-            result = [result]
-        if not isinstance(result, (list, tuple)) or not result:
-            raise PolicyError(
-                f"{self.name}: get_action_chunk returned {type(result).__name__}, expected a "
-                "non-empty list of action dicts"
-            )
-        for i, a in enumerate(result):
-            if not is_action_dict(a):
-                raise PolicyError(
-                    f"{self.name}: get_action_chunk()[{i}] is {type(a).__name__}, not an action dict"
-                )
-        return list(result)
+    return dict(result)
+
+
+def check_chunk(name: str, what: str, result: Any) -> list[dict[str, Any]]:
+    """``result`` of the policy's ``what`` as a non-empty list of action dicts (one action dict is
+    a chunk of one); else :class:`PolicyError` naming the policy, the call and the bad index."""
+    result = _unwrap(result, what)
+    if isinstance(result, Mapping) and is_action_dict(result):
+        result = [result]
+    if not isinstance(result, (list, tuple)) or not result:
+        raise PolicyError(
+            f"{name}: {what} returned {type(result).__name__}, expected a non-empty list of action dicts"
+        )
+    for i, a in enumerate(result):
+        if not is_action_dict(a):
+            raise PolicyError(f"{name}: {what}[{i}] is {type(a).__name__}, not an action dict")
+    return [dict(a) for a in result]
