@@ -38,39 +38,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import numpy as np
+from _common import ServerProcess
 from genmanip_eval import EvalClient, Recorder, ZeroPolicy
 from genmanip_protocol.codec import MsgpackCodec, safe_loads
-from genmanip_testbed import serve_testbed
 
 ROBOT = "manip/lift2/R5a"
-
-
-def _serve(conf: dict[str, Any], q: Any, stop: Any) -> None:
-    with serve_testbed(**conf) as tb:
-        q.put(tb.url)
-        stop.wait()
-
-
-class ServerProcess:
-    """The testbed in its own process: server work must not share the client's GIL."""
-
-    def __init__(self, **conf: Any) -> None:
-        import multiprocessing as mp
-
-        ctx = mp.get_context("spawn")
-        self._q = ctx.Queue()
-        self._stop = ctx.Event()
-        self._p = ctx.Process(target=_serve, args=(conf, self._q, self._stop), daemon=True)
-
-    def __enter__(self) -> str:
-        self._p.start()
-        return str(self._q.get(timeout=60))
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._p.join(20)
-        if self._p.is_alive():
-            self._p.kill()
 
 
 def _server_ms(headers: Any) -> float:

@@ -49,6 +49,8 @@ FLOORS: dict[str, int] = {
     "genmanip-testbed": 3,
     "genmanip-artifacts": 4,
     "genmanip-viz": 4,
+    "genmanip-serve": 4,
+    "genmanip-ray": 4,
     "genmanip": 5,
 }
 
@@ -387,6 +389,23 @@ def layout_literals(text: str, names: dict[str, str]) -> list[str]:
         if value.startswith(".") and value.endswith(".") and value in text
     }
     return sorted(hits)
+
+
+#: Heavy third-party engines that exactly one distribution may import (its own concern).
+OWNED_IMPORTS: dict[str, str] = {"ray": "genmanip-ray"}
+
+
+def test_ray_is_imported_only_by_genmanip_ray() -> None:
+    """Ray stays out of every other import path: only genmanip-ray (src and tests) imports it."""
+    offences: list[Offence] = []
+    for dist in workspace().values():
+        for part in ("src", "tests"):
+            for path in _files(dist, part):
+                for line, module in imports_of(_parse(path)):
+                    owner = OWNED_IMPORTS.get(module.split(".")[0])
+                    if owner is not None and owner != dist.name:
+                        offences.append((_rel(path), line, f"imports {module}: only {owner} may"))
+    _fail_on("imports of an engine owned by another distribution", offences)
 
 
 def test_layout_names_are_spelled_only_in_genmanip_results() -> None:

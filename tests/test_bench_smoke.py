@@ -18,10 +18,14 @@ TINY = {
     "codec.py": ["--repeats", "2"],
     "plots.py": ["--steps", "50", "--baseline-frames", "5", "--repeats", "1"],
     "protocol_core.py": ["3", "3"],
+    "ray_launcher.py": ["--episodes", "2", "--num-steps", "3", "--repeats", "1"],
+    "recording_cost.py": ["--steps", "5", "--episodes", "1", "--workers", "2", "--viz-steps", "8"],
+    "sequential_test.py": ["--sims", "20", "--seeds", "40"],
     "step_overhead.py": ["--steps", "10"],
     "testbed.py": ["--steps", "3"],
     "transport.py": ["--calls", "10"],
     "viz.py": ["--steps", "30", "--runs", "3", "--episodes", "2", "--repeats", "1", "--samples", "2"],
+    "zero_idle.py": ["--episodes", "4", "--num-steps", "3", "--workers", "2"],
 }
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

@@ -45,6 +45,8 @@ class RunCheck:
     rows: dict[str, int] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     videos_checked: int = 0
+    #: cameras of finished episodes with a ``<cam>.mp4.part`` (a video being made, or a leftover)
+    videos_being_made: int = 0
     #: finished episodes (result.json) still carrying INCOMPLETE: a kill between writing the one
     #: and removing the other; result.json decides, and the next run's recorder tidies it
     stale_markers: list[str] = field(default_factory=list)
@@ -63,10 +65,18 @@ def find_run_dir(results: Path) -> Path | None:
 
 
 def _video_frames(path: Path) -> int:
-    """Decode every frame (ffmpeg to the null muxer, errors fatal); return the frame count."""
+    """Decode every frame (ffmpeg to the null muxer, errors fatal); return the frame count.
+
+    A JPEG frame store (``<cam>.jpegs``) is decoded frame by frame by ffmpeg too
+    (:func:`genmanip_results.frames.decode_store_frames`, ``-xerror``)."""
     import subprocess
 
     from genmanip_results.video import ffmpeg_executable, video_info
+
+    if path.name.endswith(".jpegs"):
+        from genmanip_results.frames import decode_store_frames
+
+        return sum(1 for _ in decode_store_frames(path, size=(16, 16)))
 
     res = subprocess.run([ffmpeg_executable(), "-nostdin", "-v", "error", "-xerror", "-i", str(path),
                           "-f", "null", "-"], capture_output=True, timeout=120, check=False)
@@ -122,19 +132,36 @@ def check_run(run_dir: Path, *, server_steps: Mapping[str, int] | None = None,
             res.problems.append(
                 f"{rel}: the server executed {server_steps[eid]} actions, steps.jsonl has {len(rows)}")
         frames = {r.get("frame") for r in rows if r.get("frame") is not None}
-        mp4s = sorted(d.glob("*.mp4"))
-        if frames and not mp4s:
+        # Every state of a camera's frames (genmanip_results.frames): a finished episode holds
+        # its frame store (<cam>.jpegs), its mp4, or both; a <cam>.mp4.part is a video being made
+        # (or a killed maker's leftover: the next one replaces it), never a camera's only copy.
+        from genmanip_results.frames import episode_streams
+
+        streams = episode_streams(d)
+        if frames and not streams:
             res.problems.append(f"{rel}: rows reference frames but there is no video")
-        if decode_videos:
-            for mp4 in mp4s:
+        for cam, s in streams.items():
+            if s.store is None and s.video is None:
+                res.problems.append(f"{rel}: camera {cam}: finished, but its frames are only spooled")
+                continue
+            if s.making_video:
+                res.videos_being_made += 1
+            if not decode_videos:
+                continue
+            counts: dict[str, int] = {}
+            for f in (s.store, s.video):
+                if f is None:
+                    continue
                 try:
-                    n = _video_frames(mp4)
+                    counts[f.name] = _video_frames(f)
                 except Exception as exc:
-                    res.problems.append(f"{rel}/{mp4.name}: does not decode ({exc})"[:300])
+                    res.problems.append(f"{rel}/{f.name}: does not decode ({exc})"[:300])
                     continue
                 res.videos_checked += 1
-                if frames and n < max(frames) + 1:
-                    res.problems.append(f"{rel}/{mp4.name}: {n} frames, rows reference frame {max(frames)}")
+                if frames and counts[f.name] < max(frames) + 1:
+                    res.problems.append(f"{rel}/{f.name}: {counts[f.name]} frames, rows reference frame {max(frames)}")
+            if len(set(counts.values())) > 1:
+                res.problems.append(f"{rel}: camera {cam}: frame store and mp4 differ ({counts})")
         by_task.setdefault(d.parent, {})[d.name] = info.get("score")
     for task_dir in {p.parent for p in run_dir.rglob("episode_result.json")} | set(by_task):
         path = task_dir / "episode_result.json"

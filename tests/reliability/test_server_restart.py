@@ -46,6 +46,8 @@ The server is the testbed with its crashed-server lock staleness lowered from th
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import server_restart
 
@@ -57,13 +59,19 @@ def _run(moment: str, *, no_job: bool = False) -> dict[str, object]:
                                   max_attempts=1, think_ms=50, client_timeout=120)
 
 
-def _assert_rode_through(r: dict[str, object], *, lost: range = range(0, 1)) -> None:
+def _assert_rode_through(r: dict[str, object], *, lost: range = range(0, 2)) -> None:
+    # ``lost``: episodes whose result the dead server held (INCOMPLETE with that reason). The
+    # async runner's lanes have one request each in flight: the other worker's request may end
+    # its episode in the dead process at the very moment of the kill, so one such loss is the
+    # correct outcome of any moment (never more: two lanes, one other request).
     assert r["killed_mid_run"], "the client finished before the server died"
     assert r["problems"] == [], r["problems"]
     # one run: the client recovered by itself (no re-run), exit 0, and said what happened
     assert r["first_rc"] == 0 and r["attempts"] == 1, r["first_stderr"]
-    said = ("no longer knows worker(s) 0, 1", "repeating /reset for worker(s) 0, 1")
-    assert any(m in str(r["stderr"]) for m in said), r["first_stderr"]
+    # (each worker's lane says it for its own worker: the async runner; the lockstep runner
+    # says it once for both)
+    said = re.compile(r"(no longer knows|repeating /reset for) worker\(s\) [01](, 1)?\b")
+    assert said.search(str(r["stderr"])), r["first_stderr"]
     assert r["server_finished"] == 8
     # every episode recorded, except one whose result the dead server never handed out
     # (INCOMPLETE with that reason)

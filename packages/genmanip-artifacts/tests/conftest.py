@@ -102,7 +102,7 @@ class Commands:
         ``cache_dir=...``), without ``console``: JSON-able, for a child process too."""
         kwargs: dict[str, object] = {"root": str(root), "plots": False, "results": False,
                                      "all": False, "force": False, "yes": False,
-                                     "dry_run": False, "cache_dir": None}
+                                     "dry_run": False, "cache_dir": None, "videos": False}
         unknown = set(flags) - set(kwargs)
         assert not unknown, f"gmp clean has no flag for {sorted(unknown)}"
         kwargs.update({k: str(v) if isinstance(v, Path) else v for k, v in flags.items()})

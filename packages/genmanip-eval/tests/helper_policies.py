@@ -62,3 +62,48 @@ class Raiser:
 
 def raiser(**kw: str) -> Raiser:
     return Raiser()
+
+
+class BatchedRecorder:
+    """A batched policy (one instance for every worker): zero actions; records what it was given.
+
+    ``sleep_ms`` is the cost of a call (a sleep, as a GPU forward pass leaves the GIL free).
+    """
+
+    instances: list[BatchedRecorder] = []
+
+    def __init__(self, sleep_ms: str = "0", chunk: str = "0") -> None:
+        self.sleep_s = float(sleep_ms) / 1000.0
+        self.chunk = int(chunk)
+        self.zero = ZeroPolicy()
+        self.batches: list[list[tuple[str, Any, bool]]] = []
+        self.resets: list[str] = []
+        BatchedRecorder.instances.append(self)
+
+    def reset(self, worker_id: str) -> None:
+        self.resets.append(worker_id)
+
+    def get_actions(self, batch: Any) -> list[dict[str, Any]]:
+        self.batches.append([(it.worker_id, it.episode_id, it.new_episode) for it in batch])
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
+        return [self.zero.get_action(it.obs) for it in batch]
+
+    def get_action_chunks(self, batch: Any) -> list[list[dict[str, Any]]]:
+        acts = self.get_actions(batch)
+        return [[a] * max(1, self.chunk) for a in acts]
+
+
+def batched(**kw: str) -> BatchedRecorder:
+    return BatchedRecorder(**kw)
+
+
+class WrongBatch:
+    """A batched policy that returns one action too few."""
+
+    def get_actions(self, batch: Any) -> list[dict[str, Any]]:
+        return [ZeroPolicy().get_action(it.obs) for it in batch][1:]
+
+
+def wrong_batch(**kw: str) -> WrongBatch:
+    return WrongBatch()

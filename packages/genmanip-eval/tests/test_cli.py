@@ -20,7 +20,11 @@ EVAL: dict[str, Any] = {
     "policy": "zero", "policy_arg": [], "chunk_size": 1, "step_chunk": False, "robot": None,
     "arm_type": None, "gripper_type": None, "control_type": None, "codec": "auto",
     "frames": "auto", "render_mode": None, "subframes": None, "results_dir": None,
-    "record": True, "live_every": 0, "plot_on_episode_end": False,
+    "record": True, "live_every": 0, "plot_on_episode_end": False, "runner": "async",
+    "max_batch": None, "max_wait_ms": None, "compare_to": None, "stop_when_decided": False,
+    "alpha": 0.05, "delta": None, "launcher": "local", "ray_address": None,
+    "workers_per_actor": None, "policy_replicas": None, "gpus_per_replica": None,
+    "cpus_per_replica": None, "allow_policy_change": False, "as_json": False, "transcode": "deferred",
 }
 STATUS: dict[str, Any] = {**CONNECTION, "as_json": False, "watch": False, "interval": 0.2}
 

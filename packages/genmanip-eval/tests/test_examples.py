@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
+from genmanip_eval import ZeroPolicy
 from genmanip_testbed import serve_testbed
 
 TOKEN = "example-token"
@@ -43,7 +45,9 @@ class ChunkModelClient(SingleStepModelClient):
         return [step, step, step]
 
 
-def test_single_step_example(tmp_path: Path) -> None:
+def test_single_step_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The reference's scripts expect recording by default: the compatibility client records.
+    monkeypatch.setenv("GENMANIP_RESULT_DIR", str(tmp_path / "res"))
     with serve_testbed(tasks=("testbed/smoke",), num_steps=5, token=TOKEN, results_root=tmp_path) as tb:
         from genmanip_client.eval_client import EvalClient
 
@@ -61,9 +65,11 @@ def test_single_step_example(tmp_path: Path) -> None:
         stats = tb.stats.snapshot()
     assert steps == 10 == sum(stats["steps_by_worker"].values())
     assert len(client.episode_results) == 2
+    assert len(list((tmp_path / "res").rglob("result.json"))) == 2
 
 
-def test_chunk_mode_example(tmp_path: Path) -> None:
+def test_chunk_mode_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GENMANIP_RESULT_DIR", str(tmp_path / "res"))
     with serve_testbed(tasks=("testbed/smoke",), num_steps=5, token=TOKEN, results_root=tmp_path) as tb:
         from genmanip_client.eval_client import EvalClient
 
@@ -88,3 +94,26 @@ def test_chunk_mode_example(tmp_path: Path) -> None:
     assert sum(stats["steps_by_worker"].values()) == 10  # every action of every chunk counted
     assert stats["requests"]["/step_chunk"] == calls
     assert set(stats["chunk_paths"]) == {"fast"}
+
+
+def test_reference_migration_methods_and_a_complete_job(tmp_path: Path) -> None:
+    # What the reference's example scripts call: load_config() starts a job, kill_workers()
+    # releases; reset() on a job with nothing left is a clear error, not obs=None.
+    from genmanip_client.eval_client import EvalClient
+    from genmanip_eval import JobComplete
+
+    with serve_testbed(job=False, num_steps=3, token=TOKEN, results_root=tmp_path) as tb:
+        client = EvalClient(base_url=tb.url, worker_ids=["0"], token=TOKEN, record=False)
+        client.load_config("testbed/smoke", run_id="mig1")
+        obs = client.reset()
+        while True:
+            obs, done = client.step(ZeroPolicy().get_action(obs["0"]["obs"]))
+            if done:
+                break
+        client.kill_workers()
+        client.close()
+        again = EvalClient(base_url=tb.url, worker_ids=["0"], token=TOKEN, record=False)
+        with pytest.raises(JobComplete, match=r"nothing left to evaluate .*\(run mig1\) is complete"):
+            again.reset()
+        again.close()
+    assert len(client.episode_results) == 2

@@ -19,6 +19,12 @@ from genmanip_runtime.atomic import merge_json
 EID = "testbed/run1/testbed/reach/red_easy/000"
 
 
+def _cam(ep: Path, cam: str) -> Path:
+    """The camera's recording: its mp4 (inline mode) or its JPEG frame store (deferred, default)."""
+    mp4 = ep / f"{cam}.mp4"
+    return mp4 if mp4.exists() else ep / f"{cam}.jpegs"
+
+
 def make_obs(ts: int, *, reset: bool = False, eid: str = EID, value: int = 0) -> Observation:
     img = np.full((48, 64, 3), (value * 20) % 255, np.uint8)
     return Observation(
@@ -88,7 +94,7 @@ def test_full_episode_layout(tmp_path: Path) -> None:
     assert rows[0]["state"]["joints"][0] == 0.0 and rows[3]["state"]["joints"][0] == 3.0
     assert rows[0]["latency_ms"] == {"network": 1.0, "server": 2.0, "policy": 0.5}
     for cam in ("left_camera", "top_camera"):
-        n, w, h = probe_video(ep / f"{cam}.mp4")
+        n, w, h = probe_video(_cam(ep, f"{cam}"))
         assert (n, w, h) == (5, 64, 48)  # frames = observations received in the episode
     er = json.loads((ep.parent / "episode_result.json").read_text())
     assert er == {"000": {"score": 1.0, "sr": 1.0}}
@@ -113,7 +119,7 @@ def test_chunk_rows_state_only_first(tmp_path: Path) -> None:
     assert rows[0]["state"] is not None and rows[1]["state"] is None and rows[2]["state"] is None
     assert rows[3]["state"] is not None
     assert [r["chunk"] for r in rows][:3] == [{"index": i, "size": 3} for i in range(3)]
-    assert probe_video(tmp_path / EID / "left_camera.mp4")[0] == 2
+    assert probe_video(_cam(tmp_path / EID, "left_camera"))[0] == 2
 
 
 def test_rerun_replaces_attempt_and_abort_marks_incomplete(tmp_path: Path) -> None:
@@ -154,7 +160,7 @@ def test_a_late_abort_leaves_a_later_attempt_alone(tmp_path: Path) -> None:
     assert json.loads((ep / "result.json").read_text())["score"] == 1.0
     assert not (ep / "INCOMPLETE").exists()
     assert len((ep / "steps.jsonl").read_text().splitlines()) == 3
-    assert probe_video(ep / "left_camera.mp4")[0] == 3
+    assert probe_video(_cam(ep, "left_camera"))[0] == 3
 
 
 def test_an_abort_of_its_own_attempt_still_marks_it(tmp_path: Path) -> None:
@@ -206,7 +212,8 @@ def test_writer_failure_reported_not_deadlocked(tmp_path: Path) -> None:
 
 
 def test_encoder_failure_reported(tmp_path: Path) -> None:
-    rec = Recorder(tmp_path)
+    # (inline: the recorder runs the encoder; deferred stores the bytes as received)
+    rec = Recorder(tmp_path, transcode="inline")
     obs = make_obs(0, reset=True)
     obs["video.left_camera_view"] = JpegFrame(b"\xff\xd8 this is not a jpeg", (48, 64, 3))
     rec.observation("0", obs)
@@ -225,7 +232,7 @@ def test_raw_frames_are_encoded_in_writer(tmp_path: Path) -> None:
     rec.executed("0", [ACTION], obs_timesteps=[0], chunk=[None], latency=None)
     rec.episode_end("0", result(), lock_lost=False)
     rec.close()
-    assert probe_video(tmp_path / EID / "left_camera.mp4") == (1, 64, 48)
+    assert probe_video(_cam(tmp_path / EID, "left_camera")) == (1, 64, 48)
 
 
 def test_live_view(tmp_path: Path) -> None:
@@ -352,7 +359,7 @@ def test_recover_finishes_a_dead_recorders_episode_and_refuses_a_short_one(tmp_p
     ok = tmp_path / eid_ok
     assert json.loads((ok / "result.json").read_text())["steps"] == 4
     assert len((ok / "steps.jsonl").read_text().splitlines()) == 4  # the torn row is gone
-    assert probe_video(ok / "left_camera.mp4")[0] == 5
+    assert probe_video(_cam(ok, "left_camera"))[0] == 5
     short = tmp_path / eid_short
     info = json.loads((short / "INCOMPLETE").read_text())
     assert info["server_result"] == {"score": 1.0, "sr": 1.0} and not (short / "result.json").exists()

@@ -151,7 +151,11 @@ def test_plain_camera_names_still_record(box: dict[str, Path]) -> None:
     rec.close(timeout=120)
     ep = box["root"] / EID
     assert (ep / "result.json").is_file()
-    assert sorted(p.name for p in ep.glob("*.mp4")) == ["cam.v2@x+y=z-w.mp4", "left_camera.mp4", "obs_camera_2.mp4"]
+    assert sorted(p.name for p in ep.glob("*.jpegs")) == ["cam.v2@x+y=z-w.jpegs", "left_camera.jpegs", "obs_camera_2.jpegs"]
+    from genmanip_results.frames import transcode_episode
+
+    made = transcode_episode(ep, within=box["root"])  # the camera names become mp4 names too
+    assert sorted(p.name for p in made) == ["cam.v2@x+y=z-w.mp4", "left_camera.mp4", "obs_camera_2.mp4"]
 
 
 def test_existing_user_directory_is_never_taken_over(box: dict[str, Path]) -> None:

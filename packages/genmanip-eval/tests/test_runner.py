@@ -26,10 +26,12 @@ def check_recording(root: Path, stats: dict[str, Any], n_episodes: int) -> None:
         assert len(rows) == res["steps"] == stats["steps_by_episode"][res["episode_id"]]
         assert [r["step"] for r in rows] == list(range(len(rows)))
         frames = 1 + max(r["frame"] for r in rows)
-        mp4s = sorted(p.name for p in d.glob("*.mp4"))
-        assert mp4s == ["left_camera.mp4", "overlook_camera.mp4", "right_camera.mp4", "top_camera.mp4"]
-        for mp4 in mp4s:
-            n, _w, _h = probe_video(d / mp4)
+        # (the default --transcode deferred keeps each camera's JPEG frame store; no mp4 yet)
+        stores = sorted(p.name for p in d.glob("*.jpegs"))
+        assert stores == ["left_camera.jpegs", "overlook_camera.jpegs", "right_camera.jpegs", "top_camera.jpegs"]
+        assert not list(d.glob("*.mp4"))
+        for store in stores:
+            n, _w, _h = probe_video(d / store)
             assert n >= frames  # every observation received is a frame (the last one has no row)
         er = json.loads((d.parent / "episode_result.json").read_text())
         assert er[d.name] == {"score": res["score"], "sr": res["sr"]}

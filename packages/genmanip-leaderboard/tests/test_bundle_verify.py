@@ -315,6 +315,34 @@ def test_no_manifest(tmp_path: Path) -> None:
     assert "no manifest.json" in str(err)
 
 
+def test_verify_zip_checks_any_zip_without_a_manifest(tmp_path: Path) -> None:
+    """``verify_zip``: the same checks for a zip that is not a gmp bundle (what a leaderboard
+    receives from another client), from a path or an open file, errors named as asked."""
+    from genmanip_leaderboard import verify_zip
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr("result.json", DATA)
+        zf.writestr("t/000/result_info.json", b"{}")
+    plain = _write(tmp_path, buf.getvalue(), "plain.zip")
+    assert [i.filename for i in verify_zip(plain)] == ["result.json", "t/000/result_info.json"]
+    with plain.open("rb") as fh:
+        assert len(verify_zip(fh, name="upload")) == 2
+    raw = _zip([("a.json", DATA)])
+    raw[_data_offset(raw, 0) + 5] ^= 0xFF
+    with pytest.raises(BundleCorruptError, match=r"^upload: member 'a.json': bad CRC-32"):
+        verify_zip(io.BytesIO(bytes(raw)), name="upload")
+    raw = _zip([("a.json", DATA)])
+    raw[6] |= 0x01
+    raw[_central(raw) + 8] |= 0x01
+    with pytest.raises(BundleUnsupportedError, match="encrypted"):
+        verify_zip(_write(tmp_path, raw))
+    with pytest.raises(BundleTooLargeError, match="more than the limit 100"):
+        verify_zip(plain, max_bytes=100)
+    with pytest.raises(BundleCorruptError, match="not a readable zip file"):
+        verify_zip(io.BytesIO(b"not a zip"))
+
+
 def test_every_hostile_variant_of_a_real_bundle_is_typed(
     project: Path, server_run: Any, tmp_path: Path
 ) -> None:

@@ -75,3 +75,27 @@ def test_default_roots_include_result_dir_env(tmp_path, monkeypatch):
     monkeypatch.setenv("GENMANIP_RESULT_DIR", str(other))
     assert default_roots(None) == [tmp_path, other]
     assert default_roots("x") == [type(tmp_path)("x")]
+
+
+def test_list_shows_each_runs_policy_and_every_policy_of_a_resumed_run(project, client_run, capsys):
+    import json
+
+    from genmanip_leaderboard.cli import list_runs
+    from genmanip_runtime.console import Console
+
+    run_dir = client_run(project / "client_results", benchmark="testbed", run_id="pol")
+    rj = run_dir / "run.json"
+    data = json.loads(rj.read_text()) if rj.exists() else {}
+    data["policy"] = {"spec": "mypol:make", "args": {"ckpt": "b.pt"}}
+    data["segments"] = [
+        {"id": "1", "policy": {"spec": "mypol:make", "args": {"ckpt": "a.pt"}}},
+        {"id": "2", "policy": {"spec": "mypol:make", "args": {"ckpt": "b.pt"}}},
+    ]
+    rj.write_text(json.dumps(data))
+    assert list_runs(root=str(project), as_json=True, console=Console()) == 0
+    (row,) = [r for r in json.loads(capsys.readouterr().out) if r["run_id"] == "pol"]
+    assert row["policy"]["spec"] == "mypol:make" and row["policy"]["args"] == {"ckpt": "b.pt"}
+    assert [p["args"]["ckpt"] for p in row["policy"]["all"]] == ["a.pt", "b.pt"]
+    assert list_runs(root=str(project), as_json=False, console=Console()) == 0
+    out = capsys.readouterr().out
+    assert "POLICY" in out and "mypol:make ckpt=b.pt (+1 more)" in out

@@ -219,7 +219,7 @@ def test_validation_error_lists_all() -> None:
     with pytest.raises(ValidationError) as ei:
         validate_action(PANDA, {"action": [0.0] * 3, "control_type": "joint_position", "x": 1})
     assert len(ei.value.violations) == 2
-    assert "(and 1 more)" in str(ei.value)
+    assert "(and 1 more: action)" in str(ei.value)
 
 
 def test_validate_chunk() -> None:

@@ -167,6 +167,41 @@ def test_read_frames_early_stop(tmp_path: Path) -> None:
     it.close()  # kills ffmpeg; must not hang or raise
 
 
+def _write(path: Path, n: int, offset: int = 0) -> Path:
+    with VideoWriter(path, 64, 48) as w:
+        for i in range(n):
+            w.write(_frame(i + offset))
+    return path
+
+
+def test_reading_within_a_root_refuses_links_that_leave_it(tmp_path: Path) -> None:
+    """``within=``: the video is opened inside the root (links resolved) and ffmpeg reads the
+    opened file; a link to an outside video is refused before ffmpeg runs, a link inside is read."""
+    from genmanip_results.paths import UnsafePathError
+
+    root = tmp_path / "results"
+    root.mkdir()
+    inside = _write(root / "left_camera.mp4", 6)
+    outside = _write(tmp_path / "secret.mp4", 9, offset=100)
+    assert probe_video(inside, within=root) == probe_video(inside) == (6, 64, 48)
+    by_name = list(read_video_frames(inside))
+    within = list(read_video_frames(inside, within=root, size=(64, 48)))
+    assert len(within) == 6
+    assert all(np.array_equal(a, b) for a, b in zip(by_name, within, strict=True))
+    (root / "alias.mp4").symlink_to(inside)
+    assert video_info(root / "alias.mp4", within=root).n_frames == 6
+    (root / "right_camera.mp4").symlink_to(outside)
+    (root / "sub").symlink_to(tmp_path, target_is_directory=True)
+    for link in (root / "right_camera.mp4", root / "sub" / "secret.mp4"):
+        assert probe_video(link) == (9, 64, 48)  # by name, the link is followed
+        with pytest.raises(UnsafePathError, match="resolves outside the results root"):
+            probe_video(link, within=root)
+        with pytest.raises(UnsafePathError, match="resolves outside the results root"):
+            next(read_video_frames(link, within=root))
+    with pytest.raises(VideoError, match="no such video file"):
+        video_info(root / "missing.mp4", within=root)
+
+
 def test_missing_ffmpeg_names_the_extra(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("GMP_FFMPEG", str(tmp_path / "no-ffmpeg"))
     with pytest.raises(FfmpegNotFoundError) as ei:

@@ -231,3 +231,21 @@ def test_status_line_truncated_to_width(monkeypatch: pytest.MonkeyPatch) -> None
         s.update("poll 1")
     for chunk in out.getvalue().split("\r\x1b[2K"):
         assert len(chunk) <= 29
+
+
+def test_text_written_outside_the_console_goes_above_the_live_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    # gmp's logging handler writes records this way: a warning never lands on the end of the
+    # progress line (issue 19, "warnings are printed onto the end of the live progress line").
+    from genmanip_runtime.console import write_above_live
+
+    out = FakeTTY()
+    c = Console(out)
+    with c.progress(4, "eval") as p:
+        write_above_live(out, "gmp: warning: the server lost the episode lock\n")
+        assert out.getvalue().endswith(
+            "\r\x1b[2Kgmp: warning: the server lost the episode lock\n\r\x1b[2K" + p.line()
+        )
+    other = io.StringIO()
+    write_above_live(other, "plain\n")  # another stream, or no live line: written as given
+    write_above_live(out, "after\n")
+    assert other.getvalue() == "plain\n" and out.getvalue().endswith("\r\x1b[2Kafter\n")

@@ -111,9 +111,10 @@ def test_json_detail_with_token_cut_at_the_limit(raw_server: _RawServer) -> None
 
 def test_non_json_body_and_encoded_echoes(raw_server: _RawServer) -> None:
     b64 = base64.b64encode(f"Bearer {TOKEN}".encode()).decode()
-    body = f"<html>\x1b]0;pwned\x07 {{AUTH}} {b64} {TOKEN.encode().hex()} %s</html>\u2066"
+    # (plain text: an HTML page is never quoted at all, see test_transport's HTML tests)
+    body = f"<p>\x1b]0;pwned\x07 {{AUTH}} {b64} {TOKEN.encode().hex()} %s</p>\u2066"
     body = body % TOKEN.replace("-", "%2D")
-    raw_server.reply = _reply(401, b"Unauthorized", body.encode(), b"text/html")
+    raw_server.reply = _reply(401, b"Unauthorized", body.encode(), b"text/plain")
     exc = _call(raw_server)
     assert isinstance(exc, AuthError)
     _clean(str(exc), TOKEN, base64.b64encode(TOKEN.encode()).decode()[:-4], TOKEN.encode().hex())

@@ -237,6 +237,63 @@ def test_cli_serve_and_interrupt(tmp_path: Path) -> None:
     assert out == ""
 
 
+def test_cli_access_log_escapes_a_hostile_request_line(tmp_path: Path) -> None:
+    """A client's path reaches the access log decoded (``%1b`` is ESC): an OSC 52 clipboard
+    write, a screen clear, a bidi override and CR LF forging an ``ok:`` line are written out
+    escaped, one line per request; nothing of it reaches the terminal raw."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SERVE, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={k: v for k, v in os.environ.items() if k != "GMP_TESTBED_TOKEN"},
+    )
+    hostile = [
+        "/%1b]52;c;aGVsbG8=%07x",  # OSC 52: write the clipboard
+        "/%1b[2J%1b[H",  # clear the screen, cursor home
+        "/a%0d%0aok:%20all%20episodes%20passed",  # forge the next log line
+        "/%e2%80%aeevil",  # U+202E right-to-left override
+        "/%c2%9b31m",  # C1 CSI
+    ]
+    try:
+        assert proc.stderr is not None
+        m = None
+        seen: list[bytes] = []
+        while m is None and len(seen) < 20:
+            line = proc.stderr.readline()
+            assert line, b"".join(seen)
+            seen.append(line)
+            m = re.search(rb"testbed serving http://127\.0\.0\.1:(\d+)", line)
+        assert m, b"".join(seen)
+        url = f"http://127.0.0.1:{m.group(1).decode()}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                raw = Raw(url)
+                assert raw.get_json("/status")[0] == 200
+                break
+            except OSError:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        for path in hostile:
+            assert raw.get_json(path)[0] == 404
+        raw.close()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err_bytes = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err_bytes
+    err = err_bytes.decode("utf-8")
+    lines = err.splitlines()
+    access = [ln for ln in lines if re.search(r" GET /.* 404 [\d.]+ms \d+B$", ln)]
+    assert len(access) == len(hostile), err
+    assert not any(ln.startswith("ok:") for ln in lines), err
+    assert "\x1b" not in err and "\r" not in err, err
+    assert not any(ch in err for ch in ("\x07", "\u202e", "\x9b")), err
+    for escaped in ("GET /\\x1b]52;c;aGVsbG8=\\x07x 404", "GET /\\x1b[2J\\x1b[H 404",
+                    "GET /a\\r\\nok: all episodes passed 404", "GET /\\u202eevil 404",
+                    "GET /\\x9b31m 404"):  # fmt: skip
+        assert escaped in err, err
+
+
 def test_unknown_routes_and_methods_answer_like_fastapi() -> None:
     with serve_testbed(tasks=("testbed/smoke",)) as tb:
         raw = Raw(tb.url)

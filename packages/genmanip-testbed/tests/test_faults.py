@@ -237,3 +237,17 @@ def test_max_faults_faults_exactly_the_next_n_requests() -> None:
     decisions = [state.decide("step") for _ in range(5)]
     assert [d.error for d in decisions] == [503, 503, None, None, None]
     assert state.decide("reset").error is None  # not a faulted route: not counted either
+
+
+def test_slow_reset_makes_one_workers_resets_slow() -> None:
+    from genmanip_testbed.faults import FaultState
+
+    spec = parse_fault_spec("slow_reset=3@2s|4@500ms")
+    assert spec.slow_reset == (("3", 2.0), ("4", 0.5)) and spec.active
+    state = FaultState(spec)
+    assert state.reset_delay("3", 0.03) == 2.0
+    assert state.reset_delay("4", 0.03) == 0.5
+    assert state.reset_delay("0", 0.03) == 0.03
+    with pytest.raises(FaultSpecError, match="slow_reset"):
+        parse_fault_spec("slow_reset=3")
+    assert FaultSpec.coerce({"slow_reset": [("1", 1.5)]}).slow_reset == (("1", 1.5),)

@@ -186,3 +186,85 @@ def test_leaderboard_over_https(tls: dict[str, Any], tmp_path: Path) -> None:
         assert (
             len(list((tmp_path / "data" / "leaderboard").iterdir())) == 1
         )  # only the accepted one
+
+
+def _patched(data: bytes, *, local: dict[int, bytes], central: dict[int, bytes]) -> bytes:
+    """``data`` (a one-member zip) with bytes replaced at offsets of its local file header and
+    of its central directory entry."""
+    buf = bytearray(data)
+    lh, cd = buf.index(b"PK\x03\x04"), buf.index(b"PK\x01\x02")
+    for base, edits in ((lh, local), (cd, central)):
+        for off, new in edits.items():
+            buf[base + off : base + off + len(new)] = new
+    return bytes(buf)
+
+
+def _stored(name: str, data: bytes, **attrs: int) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zf:
+        info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+        for k, v in attrs.items():
+            setattr(info, k, v)
+        zf.writestr(info, data)
+    return buf.getvalue()
+
+
+def _hostile_zips() -> list[tuple[str, bytes, int, str]]:
+    """(case, zip bytes, expected status, expected text in the error)."""
+    one = _stored("result.json", b'{"score": 1.0}')
+    crc_off = one.index(b'{"score"')
+    bad_crc = one[:crc_off] + b"[" + one[crc_off + 1 :]
+    two = io.BytesIO()
+    with zipfile.ZipFile(two, "w") as zf:
+        zf.writestr("a.json", b"{}")
+        with pytest.warns(UserWarning, match="Duplicate name"):
+            zf.writestr("a.json", b"[]")
+    huge = (0xFFFFFFFF).to_bytes(4, "little")
+    return [
+        ("bad CRC-32", bad_crc, 400, "bad CRC-32"),
+        ("encrypted member", _patched(one, local={6: b"\x01\x00"}, central={8: b"\x01\x00"}),
+         400, "encrypted"),
+        ("compression method 99", _patched(one, local={8: b"\x63\x00"}, central={10: b"\x63\x00"}),
+         400, "unknown compression method 99"),
+        ("declares 4 GiB", _patched(one, local={22: huge}, central={24: huge}), 413,
+         "declares 4294967295 uncompressed bytes"),
+        ("NUL-truncated name",  # zipfile would read it as "a"
+         _stored("a#../../evil.json", b"x").replace(b"a#../", b"a\x00../"), 400,
+         "unsafe member path in zip"),
+        ("duplicate names", two.getvalue(), 400, "duplicate member name"),
+        ("symlink member", _stored("link", b"/etc/passwd", external_attr=(0o120777 << 16)), 400,
+         "symlink"),
+        ("control character", _stored("a\x1b[2J.json", b"{}"), 400, "unsafe member path in zip"),
+        ("truncated zip", one[: len(one) - 30], 400, "invalid zip"),
+    ]  # fmt: skip
+
+
+def test_leaderboard_refuses_hostile_zips_with_typed_errors(
+    tls: dict[str, Any], tmp_path: Path
+) -> None:
+    """Every hostile zip is one 4xx with an error naming the problem, never a 500, never stored:
+    the uploads are checked by the leaderboard client's own verifier (structure first, then every
+    member's data)."""
+    ctx = ssl.create_default_context(cafile=str(tls["ca"]))
+    fields = {"submission_name": "sub", "leaderboard_name": "ebench", "author_token": "author"}
+    with serve_testbed(
+        job=False,
+        leaderboard_token="author",
+        ssl_certfile=tls["cert"],
+        ssl_keyfile=tls["cert"],
+        max_upload_bytes=64 * 1024,
+        data_dir=tmp_path / "data",
+    ) as tb:
+        results = {
+            case: (_upload(tb.url, ctx, fields, data), status, text)
+            for case, data, status, text in _hostile_zips()
+        }
+        good = _upload(tb.url, ctx, fields, _zip({"result.json": b"{}"}))
+    wrong = {
+        case: got for case, (got, status, text) in results.items()
+        if got[0] != status or text not in got[1].get("error", "")
+    }  # fmt: skip
+    assert wrong == {}, wrong
+    assert good[0] == 200 and good[1]["status"] == "success"
+    stored = list((tmp_path / "data" / "leaderboard").iterdir())
+    assert len(stored) == 1  # only the good one

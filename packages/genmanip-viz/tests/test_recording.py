@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from genmanip_protocol.codec import encode_jpeg
 from genmanip_protocol.errors import UnsafePayloadError
 from genmanip_results.discovery import load_episode
 from genmanip_results.series import SeriesError
@@ -212,3 +213,30 @@ def test_read_only_episode_dir_is_a_typed_error(tmp_path: Path) -> None:
         assert not list(ep_dir.glob("*.part"))
     finally:
         ep_dir.chmod(0o755)
+
+
+def test_deferred_episode_replays_its_jpeg_frames(tmp_path: Path) -> None:
+    """``gmp eval --transcode deferred``: the camera's JPEG frame store goes into the replay as one
+    EncodedImage per frame, byte for byte (no mp4 is made for it)."""
+    import struct
+
+    from genmanip_results.frames import FrameStore
+    from genmanip_results.video import read_video_frames
+
+    run = write_client_run(tmp_path, "b", "r", tasks={"t/lift": [1.0]}, steps=12, cameras=("left_camera",))
+    d = run / "t/lift/0"
+    mp4 = d / "left_camera.mp4"
+    jpegs = [bytes(encode_jpeg(f)) for f in read_video_frames(mp4)]
+    with open(d / "left_camera.jpegs", "wb") as fh:
+        for j in jpegs:
+            fh.write(struct.pack(">I", len(j)) + j)
+    mp4.unlink()
+    ep = load_episode(d)
+    assert ep.videos == {"left_camera": d / "left_camera.jpegs"}
+    out = build_recording(ep)
+    ents = _entities(out)
+    assert ents["/cameras/left_camera"] == 12 and ents["/state/joints"] == 12
+    assert out.stat().st_size >= sum(len(j) for j in jpegs[:12]) * 0.5  # the frames are in it
+    assert not mp4.exists()
+    with FrameStore(d / "left_camera.jpegs") as st:
+        assert len(st) == len(jpegs)

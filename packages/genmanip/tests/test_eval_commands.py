@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from genmanip.cli.main import main
+from genmanip_results.layout import FRAME_STORE_SUFFIX
 from genmanip_testbed import serve_testbed
 
 KILLER = """
@@ -64,12 +65,26 @@ def test_gmp_eval_end_to_end(smoke: Any, tmp_path: Path, capsys: pytest.CaptureF
 def test_gmp_eval_no_record_and_bad_policy(smoke: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    code = main(["eval", "--url", smoke.url, "--no_save_process"])
-    assert code == 0 and not (tmp_path / "client_results").exists()
-    capsys.readouterr()
     code = main(["eval", "--url", smoke.url, "--policy", "nosuchmod:make"])
     _, err = capsys.readouterr()
     assert code == 2 and "cannot import 'nosuchmod'" in err
+    code = main(["eval", "--url", smoke.url, "--no_save_process"])
+    _, err = capsys.readouterr()
+    assert code == 0 and not (tmp_path / "client_results").exists()
+    # the one start line, and the testbed's default policy said out loud
+    assert "no --policy: running the built-in zero policy" in err
+    start = next(line for line in err.splitlines() if line.startswith(f"eval: {smoke.url} ("))
+    assert "genmanip-testbed" in start and "policy zero" in start and "workers 0 (async runner)" in start
+    # Never a green run that did nothing: the job is complete now.
+    code = main(["eval", "--url", smoke.url, "--policy", "zero", "--no-record"])
+    _, err = capsys.readouterr()
+    assert code == 10 and "has finished its job: run " in err and "nothing to evaluate" in err
+    assert "hint: start a new job (gmp submit CONFIG..." in err
+    run_id = err.split("has finished its job: run ", 1)[1].split(" ", 1)[0]
+    # ... unless the user asked to resume that finished run
+    code = main(["eval", "--url", smoke.url, "--policy", "zero", "--no-record", "--run-id", run_id])
+    _, err = capsys.readouterr()
+    assert code == 0 and "is complete" in err and "nothing left to evaluate" in err
 
 
 def test_gmp_eval_unreachable(capsys: pytest.CaptureFixture[str]) -> None:
@@ -147,9 +162,10 @@ def test_sigkill_mid_episode_keeps_finished_episodes(tmp_path: Path) -> None:
     assert len(eps) == 2
     done, partial = eps
     assert (done / "result.json").is_file() and not (done / "INCOMPLETE").exists()
-    assert len(list(done.glob("*.mp4"))) == 4
+    # (recording keeps each camera's JPEG frames as received; H.264 is made when needed)
+    assert len(list(done.glob("*" + FRAME_STORE_SUFFIX))) == 4
     assert (partial / "INCOMPLETE").is_file() and not (partial / "result.json").exists()
-    assert not list(partial.glob("*.mp4"))
+    assert not list(partial.glob("*" + FRAME_STORE_SUFFIX)) and not list(partial.glob("*.mp4"))
     er = json.loads((done.parent / "episode_result.json").read_text())
     assert list(er) == [done.name]
 
@@ -163,4 +179,18 @@ def test_gmp_demo(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "testbed/smoke/red_block_easy" in out and "SR 95% CI" in out
     assert f"gmp viz --root {res}" in err
     assert len(list(res.rglob("result.json"))) == 2
-    assert len(list(res.rglob("*.mp4"))) == 8  # 2 episodes x 4 cameras
+    assert len(list(res.rglob("*" + FRAME_STORE_SUFFIX))) == 8  # 2 episodes x 4 cameras
+
+
+def test_gmp_eval_json_summary(smoke: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    code = main(["eval", "--url", smoke.url, "--policy", "expert", "--no-record", "--json"])
+    out, _ = capsys.readouterr()
+    assert code == 0
+    data = json.loads(out)  # stdout holds the JSON only (talk is on stderr)
+    assert data["schema"] == "gmp-eval/1" and data["policy"]["spec"] == "expert"
+    assert data["overall"]["n"] == 2 and data["invocation"]["complete"] is True
+    (task,) = data["tasks"]
+    lo, hi = data["tasks"][task]["ci95"]
+    assert 0.0 <= lo <= data["tasks"][task]["sr"] <= hi <= 1.0

@@ -135,7 +135,9 @@ def test_global_flags_before_and_after_the_command() -> None:
 
 def test_defaults_are_safe() -> None:
     p = build_parser()
-    assert p.parse_args(["eval"]).host == "127.0.0.1"  # the reference client defaulted to 0.0.0.0
+    # None: the handler uses [eval] url from the config file, else 127.0.0.1:8087 (the reference
+    # client defaulted to 0.0.0.0); tests/cli/test_config_keys.py runs it.
+    assert p.parse_args(["eval"]).host is None
     assert p.parse_args(["testbed", "serve"]).host == "127.0.0.1"
     assert p.parse_args(["viz"]).host == "127.0.0.1"
     assert p.parse_args(["online", "submit"]).deadline > 0  # never "wait forever"

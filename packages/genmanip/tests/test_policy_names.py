@@ -12,6 +12,7 @@ import pytest
 from genmanip.cli.main import main
 from genmanip.providers import PROVIDERS
 from genmanip_eval.hooks import EPISODE_HOOK_GROUP, HookNotInstalledError, load_episode_hook
+from genmanip_eval.inference import SCHEME_GROUP
 from genmanip_eval.plugins import PROVIDERS_GROUP
 from genmanip_eval.policy import (
     POLICY_GROUP,
@@ -49,7 +50,7 @@ def test_gmp_eval_unknown_policy_name(smoke: Any, capsys: pytest.CaptureFixture[
     assert "did you mean 'expert'?" in err and "zero" in err and "--policy expert" in err
 
 
-@pytest.mark.parametrize("group", [POLICY_GROUP, EPISODE_HOOK_GROUP])
+@pytest.mark.parametrize("group", [POLICY_GROUP, EPISODE_HOOK_GROUP, SCHEME_GROUP])
 def test_provider_table_matches_the_registered_entry_points(group: str) -> None:
     # The meta package's hint table must name the distribution that really registers each name.
     registered = {
@@ -95,3 +96,24 @@ def test_a_known_hook_that_is_not_installed_names_what_to_install(monkeypatch: p
     with pytest.raises(HookNotInstalledError) as info:
         load_episode_hook("plot")
     assert "pip install" not in (info.value.hint or "") and EPISODE_HOOK_GROUP in (info.value.hint or "")
+
+
+def test_the_ray_launcher_is_in_the_provider_table_and_named_when_missing(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from genmanip_eval.runner import LAUNCHER_GROUP
+
+    # (genmanip-ray is an optional extra: where it is installed, the table names it rightly)
+    registered = {
+        ep.name: str(d.metadata["Name"])
+        for d in distributions()
+        for ep in d.entry_points
+        if ep.group == LAUNCHER_GROUP and str(d.metadata["Name"]).startswith("genmanip")
+    }
+    assert registered.items() <= dict(PROVIDERS[LAUNCHER_GROUP]).items()
+    assert dict(PROVIDERS[LAUNCHER_GROUP]) == {"ray": "genmanip-ray"}
+    _without(monkeypatch, "genmanip-ray")
+    code = main(["eval", "--url", "http://127.0.0.1:9", "--no-record", "--launcher", "ray"])
+    _out, err = capsys.readouterr()
+    assert code == ExitCode.NOT_INSTALLED, err
+    assert "--launcher 'ray': not installed" in err and "pip install genmanip-ray" in err

@@ -151,6 +151,68 @@ def test_observation_and_step_reply(tmp_path: Path) -> None:
     assert rep.violations[0].location == "r.json['0'].obs"
 
 
+def _decoded_obs(**cams: object) -> dict[str, object]:
+    obs: dict[str, object] = {
+        "robot_id": ROBOT, "instruction": "pick", "timestep": 3, "reset": False,
+        "episode_id": "b/r/t/0",
+        "state.joints": np.zeros(SPEC.joints_dim, np.float32),
+        "state.gripper": np.zeros(SPEC.gripper_dim, np.float32),
+        "state.base": np.zeros(3, np.float32),
+        "state.ee_pose": [[[0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]]] * 2,
+    }
+    obs.update(cams)
+    return obs
+
+
+def test_decoded_observations_and_jpeg_frames_are_recognised(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What the codecs decode a reply to: Observation mappings (not dicts) whose cameras are
+    still-encoded JpegFrames. Each is an observation, checked like a dict one; a frame is checked
+    by its JPEG header against its declared shape (never decoded)."""
+    from genmanip_protocol.codec import JpegFrame, LegacyCodec, Observation
+
+    h, w, _ = SPEC.cameras["left_camera_view"]
+    frame = JpegFrame.encode(np.full((h, w, 3), 40, np.uint8))
+    obs = _decoded_obs(**{"video.left_camera_view": frame})
+    reply = {"0": {"obs": obs, "metric": None, "episode_result": None}}
+    # in memory: an Observation, a reply of Observations, a {worker: Observation} mapping
+    for value in (Observation(obs), {"0": dict(reply["0"], obs=Observation(obs))},
+                  {"0": Observation(obs), "1": Observation(obs)}):  # fmt: skip
+        rep = validate_object(value)
+        assert rep.violations == [] and set(rep.kinds) == {"observation"}, rep
+    # files: the msgpack frame with JPEG frames and a legacy pickle, both through the codecs
+    codec = MsgpackCodec()
+    gmpk = tmp_path / "reply.gmpk"
+    gmpk.write_bytes(codec.encode(reply))
+    decoded = codec.decode(gmpk.read_bytes())
+    assert isinstance(decoded["0"]["obs"], Observation)
+    assert decoded["0"]["obs"].is_encoded("video.left_camera_view")
+    legacy = tmp_path / "reply.pkl"
+    legacy.write_bytes(LegacyCodec().encode(reply))
+    for f in (gmpk, legacy):
+        rep = validate_file(f)
+        assert rep.violations == [] and rep.kinds == {"observation": 1}, rep
+    assert main(["validate", str(gmpk), str(legacy)]) == 0
+    assert "2 observations" in capsys.readouterr().err
+    # a frame that is not what it declares is a finding, naming the camera
+    small = JpegFrame(JpegFrame.encode(np.zeros((8, 8, 3), np.uint8)).data, (h, w, 3))
+    wrong_shape = JpegFrame.encode(np.zeros((16, 16, 3), np.uint8))
+    for bad, expected in ((small, "a 8x8 JPEG header"), (wrong_shape, "(16, 16, 3)")):
+        f = tmp_path / "bad.gmpk"
+        f.write_bytes(codec.encode({"0": {"obs": _decoded_obs(**{"video.left_camera_view": bad}),
+                                          "metric": None, "episode_result": None}}))
+        rep = validate_file(f)
+        assert [v.field for v in rep.violations] == ["video.left_camera_view"], rep
+        assert expected in rep.violations[0].actual, rep.violations[0]
+        assert rep.violations[0].location == f"{f}['0'].obs"
+    # (the msgpack decoder refuses a frame that is not a JPEG; one built in memory is a finding)
+    not_jpeg = JpegFrame(b"%!PS-Adobe-3.0 EPSF-3.0\n" + bytes(64), (h, w, 3))
+    rep = validate_object(Observation(_decoded_obs(**{"video.left_camera_view": not_jpeg})))
+    assert [v.field for v in rep.violations] == ["video.left_camera_view"], rep
+    assert "EPS" in rep.violations[0].actual
+
+
 def test_missing_robot_is_reported_once_per_file(tmp_path: Path) -> None:
     f = tmp_path / "a.json"
     f.write_text(json.dumps([action(), action()]))

@@ -70,16 +70,20 @@ from genmanip_results.fdwalk import (
 from genmanip_results.layout import (
     CACHE_DIR_TAG,
     EVAL_RESULTS_DIR,
+    FRAME_STORE_SUFFIX,
     GENERATED_MANIFEST,
     LOCK_SUFFIX,
     RESULT_INFO,
     SAVED_DIR,
     SERVER_INPUT_DIRS,
     SUBMITTED_FLAG,
+    VIDEO_PART_SUFFIX,
+    VIDEO_SUFFIX,
     VIEWER_CACHE_PREFIX,
 )
 from genmanip_results.provenance import (
     CATEGORY_PLOTS,
+    CATEGORY_VIDEOS,
     CATEGORY_VIEWER_CACHE,
     Manifest,
     is_gmp_cache_dir,
@@ -105,7 +109,7 @@ __all__ = [
     "plan_clean",
 ]
 
-CATEGORIES = ("viewer-cache", "plots", "logs", "tmp", "mesh-cache", "download-cache", "results")
+CATEGORIES = ("viewer-cache", "plots", "videos", "logs", "tmp", "mesh-cache", "download-cache", "results")
 
 #: The reason of a :class:`Refusal` for a file named like a generated one that no provenance
 #: record covers (an older gmp's output, or a user's file).
@@ -137,7 +141,9 @@ _SKIP_DIRS = frozenset(
 )
 _PROTECTED = tuple((SAVED_DIR, name) for name in SERVER_INPUT_DIRS)
 _CACHE_SUBDIRS = (("logs", "logs"), ("meshes", "mesh-cache"), ("downloads", "download-cache"))
-_PROVEN_CATEGORIES = frozenset((CATEGORY_PLOTS, CATEGORY_VIEWER_CACHE))
+_PROVEN_CATEGORIES = frozenset((CATEGORY_PLOTS, CATEGORY_VIEWER_CACHE, CATEGORY_VIDEOS))
+# A video being made from a frame store (genmanip_results.frames.ensure_video) before its rename.
+_VIDEO_PART = VIDEO_PART_SUFFIX
 _CHANGED = "changed since it was listed; left alone"
 
 Kind = Literal["file", "dir", "symlink"]
@@ -343,6 +349,7 @@ class _Ctx:
     results_dirs: list[str]
     plan: CleanPlan
     seen: set[str]
+    videos: bool = False
 
 
 def _add(
@@ -391,10 +398,18 @@ def _descend_root(e: Entry) -> bool:
     return e.name not in _SKIP_DIRS and not any(e.rel[-len(p) :] == p for p in _PROTECTED)
 
 
-def _generated_category(name: str, plots: bool) -> str | None:
-    """The category a file of this name would be, if provenance proves it gmp's."""
+def _generated_category(
+    name: str, plots: bool, *, videos: bool = False, names: frozenset[str] = frozenset()
+) -> str | None:
+    """The category a file of this name would be, if provenance proves it gmp's (``names``: the
+    other names of its directory)."""
     if name.startswith(VIEWER_CACHE_PREFIX):
         return CATEGORY_VIEWER_CACHE
+    if name.endswith(_VIDEO_PART) and name[: -len(_VIDEO_PART)] + FRAME_STORE_SUFFIX in names:
+        return CATEGORY_VIDEOS  # a killed maker's partial video (the store it came from is kept)
+    if (videos and name.endswith(VIDEO_SUFFIX)
+            and name[: -len(VIDEO_SUFFIX)] + FRAME_STORE_SUFFIX in names):
+        return CATEGORY_VIDEOS  # remakeable from the frame store next to it
     if plots and (name in _PLOT_NAMES or _REFERENCE_MERGED.match(name)):
         return CATEGORY_PLOTS
     return None
@@ -421,10 +436,11 @@ def _walk_root(ctx: _Ctx, root_fd: int) -> None:
     for listing in walk(root_fd, descend=_descend_root):
         in_results = _in_results(os.path.join(ctx.root, *listing.rel), ctx)
         manifest: Manifest | None = None
+        names = frozenset(e.name for e in listing.entries if e.kind == "file")
         for e in listing.entries:
             if e.kind == "dir":
                 continue
-            category = _generated_category(e.name, ctx.plots)
+            category = _generated_category(e.name, ctx.plots, videos=ctx.videos, names=names)
             if category is not None:
                 if manifest is None:
                     manifest = read_manifest(listing.fd)
@@ -618,8 +634,13 @@ def plan_clean(
     force: bool = False,
     cache_dir: Path | str | None = None,
     now: float | None = None,
+    videos: bool = False,
 ) -> CleanPlan:
     """List what a cleanup would delete, by category; deletes nothing.
+
+    Always listed among the ``videos``: a ``<camera>.mp4.part`` that a killed video maker left next
+    to its frame store (proven, older than an hour). With ``videos``: also every ``<camera>.mp4``
+    made from a frame store that is still there (remade on demand by the next viewer).
 
     Args:
         root: the project root to scan (never left: symlinks are not followed).
@@ -641,7 +662,8 @@ def plan_clean(
     now = time.time() if now is None else now
     plan = CleanPlan(root=root, cache_dir=cache)
     ctx = _Ctx(
-        root=root, plots=plots, now=now, results_dirs=_results_trees(root), plan=plan, seen=set()
+        root=root, plots=plots, now=now, results_dirs=_results_trees(root), plan=plan, seen=set(),
+        videos=videos,
     )
     try:
         root_fd = open_top(root)

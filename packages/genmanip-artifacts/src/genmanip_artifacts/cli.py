@@ -229,9 +229,10 @@ def clean(
     yes: bool,
     dry_run: bool,
     cache_dir: str | None,
+    videos: bool,
     console: Console,
 ) -> int:
-    """``gmp clean [--root DIR] [--plots] [--results] [--all] [--force] [--yes] [--dry-run]
+    """``gmp clean [--root DIR] [--plots] [--videos] [--results] [--all] [--force] [--yes] [--dry-run]
     [--cache-dir DIR]``.
 
     Lists what would go by category with sizes (stdout). Deletes only with ``--yes`` or after a
@@ -250,6 +251,7 @@ def clean(
         all_caches=everything,
         force=force,
         cache_dir=cache_dir,
+        videos=videos,
     )
     _warn_refusals(plan, console)
     # A run asked for with --results but kept for safety makes the whole command "refused";

@@ -131,14 +131,14 @@ def frame_timesteps(s: EpisodeSeries, n_frames: int) -> tuple[np.ndarray, list[s
 
 
 def _scaled_reader(
-    reader: Callable[..., Iterator[np.ndarray]], path: Path, size: tuple[int, int]
+    reader: Callable[..., Iterator[np.ndarray]],
+    path: Path,
+    size: tuple[int, int],
+    within: Path,
 ) -> Iterator[np.ndarray]:
-    """Frames already scaled by ffmpeg while decoding; a reader without ``size`` support gives
-    full-size frames, which the caller then resizes in Python."""
-    try:
-        return reader(path, size=size)
-    except TypeError:
-        return reader(path)
+    """Frames already scaled by ffmpeg while decoding, of the file opened within ``within``
+    (never read by name: there is no fallback to an unchecked reader)."""
+    return reader(path, size=size, within=within)
 
 
 def _close(it: Iterator[np.ndarray]) -> None:
@@ -167,11 +167,14 @@ def write_overlay_video(
 
     if not s.videos:
         raise EpisodeDataError(f"{s.path}: no camera videos to overlay", path=s.path)
+    # Every video is opened within the root the episode was found under and ffmpeg reads the
+    # opened file: a camera file swapped for a link to an outside file after discovery is refused.
+    within = s.containment if s.containment is not None else s.path
     sizes: list[tuple[int, int]] = []
     counts: dict[str, int] = {}
     for cam, path in s.videos.items():
         try:
-            n, w, h = probe_video(path)
+            n, w, h = probe_video(path, within=within)
         except GenmanipError as exc:
             raise EpisodeDataError(f"{path}: unreadable video ({exc})", path=s.path) from exc
         counts[cam] = int(n)
@@ -190,7 +193,7 @@ def write_overlay_video(
     frame = np.zeros((layout.height, layout.width, 3), dtype=np.uint8)
     panel_view = frame[layout.cam_height :]
     readers = [
-        _scaled_reader(read_video_frames, p, (w, layout.cam_height))
+        _scaled_reader(read_video_frames, p, (w, layout.cam_height), within)
         for p, (_, w) in zip(s.videos.values(), layout.cams, strict=True)
     ]
     cams = list(s.videos)

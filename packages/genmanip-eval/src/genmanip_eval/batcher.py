@@ -1,17 +1,22 @@
 """Dynamic batching: many threads submit one observation each; one thread calls the policy.
 
 Used by the asynchronous runner (each worker's lane submits its observation) and by
-``gmp policy serve`` (each connection submits its request). The rule, applied whenever the policy
-thread is free:
+``gmp policy serve`` (each connection submits its request). Submitters are *participants*, named
+by a key (the worker id, the connection): the batcher learns how long each one usually stays away
+between its result and its next request (its step at the server, typically), and uses that to
+decide, whenever the policy is free, whether to wait for more:
 
-* take every waiting request (up to ``max_batch``) at once if the batch is full or if every
-  *participant* (a lane or connection that may submit) is already waiting — nobody else can come;
-* otherwise wait for more, at most ``max_wait_s`` after the oldest waiting request arrived or
-  the policy became free, whichever is later (requests that queued during a call get the same
-  chance as the submitters that the call's results are just releasing).
+* a full batch (``max_batch``) goes at once;
+* otherwise it waits for the participants that are *due*: away for less than their usual absence
+  (times a margin). A participant that is not due — resetting for seconds, behind a slow reply,
+  gone — is not waited for, so one slow worker never holds the others;
+* never longer than ``max_wait_s`` after the oldest waiting request arrived or the policy became
+  free, whichever is later (requests that queued during a call get the same chance as the
+  participants the call's results are just releasing).
 
-While the policy runs, new requests queue up and form the next batch: under load the batches
-fill by themselves and ``max_wait_s`` only matters when the policy is idle.
+With every participant stepping at the same pace the lanes fall into step: one batch holds them
+all, which is what a GPU policy wants (a batch of 8 costs little more than a batch of 1). While the
+policy runs, new requests queue up and form the next batch.
 
 Every call of the user's code happens on the batcher's thread (one thread, in order): policies
 need not be thread-safe.
@@ -42,8 +47,17 @@ T = TypeVar("T")
 
 #: Largest batch (EBench runs at most 32 workers; a policy's own limit is set with ``max_batch``).
 DEFAULT_MAX_BATCH = 32
-#: How long an idle policy waits for more observations after the first (s): see docs/performance.md.
-DEFAULT_MAX_WAIT_S = 0.005
+#: The longest an idle policy waits for due participants (s). Only participants that are due are
+#: waited for (see the module docstring), so this is a cap for when their pace changes; it must
+#: exceed one server step (~48 ms real, more on a loaded machine) or groups of lanes that drifted
+#: apart never merge again. See docs/performance.md for the measurement.
+DEFAULT_MAX_WAIT_S = 0.2
+#: A participant is due while away for less than this many times its usual absence (plus a slack).
+_DUE_MARGIN = 1.5
+#: The slack added to that (s): a thread's wake-up and a result's delivery take a little time.
+DEFAULT_SLACK_S = 0.005
+#: Absences remembered per participant (their median is the usual absence).
+_HISTORY = 16
 
 
 class BatcherClosed(GenmanipEvalError):
@@ -92,8 +106,24 @@ class BatchStats:
 @dataclass(frozen=True)
 class _Request(Generic[T]):
     item: Any
+    key: Any
     future: Future[BatchOutcome[T]]
     enqueued: float
+
+
+@dataclass
+class _Participant:
+    """What the batcher knows of one submitter: when it was released, how long it stays away."""
+
+    released: float | None = None  # when its last result was handed out (None: not yet)
+    absences: deque[float] = field(default_factory=lambda: deque(maxlen=_HISTORY))
+
+    def due_until(self, slack: float) -> float | None:
+        """Until when it is worth waiting for (None: no history yet, so it is not waited for)."""
+        if self.released is None or not self.absences:
+            return None
+        usual = sorted(self.absences)[len(self.absences) // 2]
+        return self.released + usual * _DUE_MARGIN + slack
 
 
 class Batcher(Generic[T]):
@@ -104,6 +134,7 @@ class Batcher(Generic[T]):
             exception fails every request of that batch with it (the batcher goes on).
         max_batch: largest batch (>= 1).
         max_wait_s: longest wait for more items once one is waiting and the policy is idle (s).
+        slack_s: added to a participant's due time (s), see the module docstring.
         name: the thread's name.
     """
 
@@ -113,6 +144,7 @@ class Batcher(Generic[T]):
         *,
         max_batch: int = DEFAULT_MAX_BATCH,
         max_wait_s: float = DEFAULT_MAX_WAIT_S,
+        slack_s: float = DEFAULT_SLACK_S,
         name: str = "gmp-batcher",
     ) -> None:
         if max_batch < 1:
@@ -122,9 +154,10 @@ class Batcher(Generic[T]):
         self._fn = call
         self.max_batch = int(max_batch)
         self.max_wait_s = float(max_wait_s)
+        self.slack_s = float(slack_s)
         self._cv = threading.Condition()
         self._pending: deque[_Request[T]] = deque()
-        self._participants = 0
+        self._members: dict[Any, _Participant] = {}
         self._closed = False
         self._stats = BatchStats()
         self._free_since = time.perf_counter()
@@ -133,31 +166,37 @@ class Batcher(Generic[T]):
 
     # ------------------------------------------------------------------ submitters
 
-    def attach(self) -> None:
-        """A participant joins (a lane or a connection that will submit items)."""
+    def attach(self, key: Any) -> None:
+        """Participant ``key`` joins (a lane's worker id, a connection)."""
         with self._cv:
-            self._participants += 1
+            self._members.setdefault(key, _Participant())
             self._cv.notify_all()
 
-    def detach(self) -> None:
-        """A participant leaves: the others no longer wait for it."""
+    def detach(self, key: Any) -> None:
+        """Participant ``key`` leaves: nobody waits for it any more."""
         with self._cv:
-            self._participants = max(0, self._participants - 1)
+            self._members.pop(key, None)
             self._cv.notify_all()
 
-    def submit(self, item: Any) -> Future[BatchOutcome[T]]:
-        """Queue ``item``; the future resolves to its :class:`BatchOutcome` (or the call's error)."""
+    def submit(self, item: Any, key: Any = None) -> Future[BatchOutcome[T]]:
+        """Queue ``item`` of participant ``key``; the future resolves to its :class:`BatchOutcome`
+        (or the call's error). A key never attached is served, but never waited for."""
         fut: Future[BatchOutcome[T]] = Future()
+        now = time.perf_counter()
         with self._cv:
             if self._closed:
                 raise BatcherClosed("the policy batcher is closed")
-            self._pending.append(_Request(item, fut, time.perf_counter()))
+            member = self._members.get(key)
+            if member is not None and member.released is not None:
+                member.absences.append(now - member.released)
+                member.released = None
+            self._pending.append(_Request(item, key, fut, now))
             self._cv.notify_all()
         return fut
 
-    def __call__(self, item: Any) -> BatchOutcome[T]:
+    def __call__(self, item: Any, key: Any = None) -> BatchOutcome[T]:
         """Submit ``item`` and wait for its outcome (re-raises the batch's error)."""
-        return self.submit(item).result()
+        return self.submit(item, key).result()
 
     def snapshot(self) -> BatchStats:
         """A copy of the counters so far."""
@@ -184,19 +223,41 @@ class Batcher(Generic[T]):
             while True:
                 if self._closed:
                     return None
-                if self._pending:
-                    n = len(self._pending)
-                    if n >= self.max_batch or n >= self._participants:
-                        break
-                    since = max(self._pending[0].enqueued, self._free_since)
-                    left = since + self.max_wait_s - time.perf_counter()
-                    if left <= 0:
-                        break
-                    self._cv.wait(left)
-                else:
+                if not self._pending:
                     self._cv.wait()
+                    continue
+                now = time.perf_counter()
+                if len(self._pending) >= self.max_batch:
+                    break
+                since = max(self._pending[0].enqueued, self._free_since)
+                deadline = since + self.max_wait_s
+                due = self._next_due(now)
+                if due is None or now >= deadline:
+                    break
+                self._cv.wait(min(deadline, due) - now)
             k = min(self.max_batch, len(self._pending))
             return [self._pending.popleft() for _ in range(k)]
+
+    def _next_due(self, now: float) -> float | None:
+        """The latest time still worth waiting until for a due participant (None: none is due)."""
+        waiting = {r.key for r in self._pending}
+        latest: float | None = None
+        for key, m in self._members.items():
+            if key in waiting:
+                continue
+            until = m.due_until(self.slack_s)
+            if until is not None and until > now:
+                latest = until if latest is None else max(latest, until)
+        return latest
+
+    def _release(self, batch: list[_Request[T]]) -> None:
+        now = time.perf_counter()
+        with self._cv:
+            self._free_since = now
+            for r in batch:
+                member = self._members.get(r.key)
+                if member is not None:
+                    member.released = now
 
     def _loop(self) -> None:
         while True:
@@ -210,13 +271,12 @@ class Batcher(Generic[T]):
                     raise GenmanipEvalError(
                         f"a batch of {len(batch)} got {len(results)} result(s)"  # gmp's own adapters check this
                     )
-            except BaseException as exc:  # noqa: BLE001 - handed to every waiter of the batch
+            except BaseException as exc:  # handed to every waiter of the batch
                 for r in batch:
                     r.future.set_exception(exc)
+                self._release(batch)
                 if not isinstance(exc, Exception):
                     raise
-                with self._cv:
-                    self._free_since = time.perf_counter()
                 continue
             call_ms = (time.perf_counter() - t0) * 1000
             with self._cv:
@@ -227,7 +287,6 @@ class Batcher(Generic[T]):
                 st.call_ms_total += call_ms
                 for r in batch:
                     st.queue_ms_total += (t0 - r.enqueued) * 1000
-            for r, value in zip(batch, results):
+            self._release(batch)
+            for r, value in zip(batch, results, strict=True):
                 r.future.set_result(BatchOutcome(value, (t0 - r.enqueued) * 1000, call_ms, len(batch)))
-            with self._cv:
-                self._free_since = time.perf_counter()

@@ -16,6 +16,9 @@ from genmanip_protocol.errors import ExitCode, GenmanipError
 __all__ = [
     "EpisodeIdError",
     "GenmanipEvalError",
+    "Interrupted",
+    "JobComplete",
+    "PolicyCodeError",
     "PolicyError",
     "RecordingError",
     "ResetTimeout",
@@ -91,6 +94,23 @@ class ResetTimeout(GenmanipEvalError):
         self.deadline = deadline
 
 
+class Interrupted(KeyboardInterrupt):
+    """:meth:`EvalClient.interrupt() <genmanip_eval.client.EvalClient.interrupt>` stopped the
+    client's request or wait in progress (from another thread).
+
+    A :class:`KeyboardInterrupt`, not a :class:`GenmanipEvalError`: it is handled like a Ctrl-C
+    (``gmp`` exits 130) and no ``except Exception`` swallows it. The workers whose request went
+    unanswered are settled by ``close()``.
+    """
+
+
+class JobComplete(GenmanipEvalError):
+    """The server's job has nothing left to evaluate (exit 10, "nothing to do"): ``gmp eval``
+    against a finished job, or the compatibility client's ``reset()`` there."""
+
+    exit_code = ExitCode.NOTHING_TO_DO
+
+
 class EpisodeIdError(GenmanipEvalError):
     """A server-supplied episode id would leave the results root; nothing was written."""
 
@@ -101,6 +121,21 @@ class PolicyError(GenmanipEvalError):
     """The policy could not be loaded, or it returned something that is not an action."""
 
     exit_code = ExitCode.USAGE
+
+
+class PolicyCodeError(PolicyError):
+    """The user's policy code (its factory, ``reset``, ``get_action``, ...) raised: a failed run,
+    not a usage error and not a bug in gmp.
+
+    Attributes:
+        where: ``file:line`` of the innermost traceback frame in the user's code, or None.
+    """
+
+    exit_code = ExitCode.FAILURE
+
+    def __init__(self, message: str, *, where: str | None = None, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.where = where
 
 
 class RecordingError(GenmanipEvalError):

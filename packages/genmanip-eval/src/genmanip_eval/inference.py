@@ -29,7 +29,7 @@ from typing import Any
 
 from .errors import PolicyError
 from .plugins import entry_points_of, providers
-from .policy import check_action, check_chunk, instantiate, load_policy_factory
+from .policy import check_action, check_chunk, instantiate, load_policy_factory, policy_code_error
 
 __all__ = ["SCHEME_GROUP", "BatchItem", "Inference"]
 
@@ -91,10 +91,23 @@ class Inference:
                     "get_action(obs), get_action_chunk(obs), get_actions(batch), get_action_chunks(batch)"
                 )
 
+    #: True for :meth:`wrap` of a per-worker object: every worker shares it, :meth:`drop` never
+    #: closes it.
+    _shared = False
+
     @property
     def batched(self) -> bool:
         """True when one instance serves every worker (``get_actions`` / ``get_action_chunks``)."""
         return self._batched is not None
+
+    @property
+    def prefers_jpeg(self) -> bool:
+        """True when the policy would rather get camera frames as the GenManip server's JPEG than
+        raw: a batched policy whose ``prefers_jpeg`` attribute is true (a ``ws://`` policy whose
+        server takes JPEG frames forwards them undecoded: a small fraction of the bytes on its
+        wire, and no decoding in this process). A hint for choosing the frames of
+        ``--frames auto``; read-only, False for every other policy."""
+        return self._batched is not None and getattr(self._batched, "prefers_jpeg", False) is True
 
     @classmethod
     def create(cls, spec: str, args: Mapping[str, str] | None = None) -> Inference:
@@ -116,7 +129,9 @@ class Inference:
         """An :class:`Inference` over an existing object: batched, or one instance for all workers."""
         if is_batched(policy):
             return cls(name, batched=policy)
-        return cls(name, factory=lambda: policy, first=policy)
+        inference = cls(name, factory=lambda: policy, first=policy)
+        inference._shared = True
+        return inference
 
     # ------------------------------------------------------------------ calls
 
@@ -144,6 +159,35 @@ class Inference:
                         self._call("get_action_chunk(obs)", self._of(it).get_action_chunk, it.obs))
             for it in batch
         ]
+
+    def drop(self, worker_id: str) -> None:
+        """Release what the policy keeps for worker ``worker_id`` (that worker is gone for good,
+        e.g. a policy server's connection closed).
+
+        A per-worker policy's instance of that worker is forgotten and its ``close()`` (if it has
+        one) called; the worker's next observation, if any, gets a new instance. A batched
+        policy's optional ``drop(worker_id)`` is called (nothing else happens without one). An
+        unknown worker id is ignored. Call it from the thread that calls the policy.
+
+        Raises:
+            PolicyError: the batched policy's ``drop(worker_id)`` raised (a per-worker instance's
+                failing ``close()`` is only logged).
+        """
+        if self._batched is not None:
+            fn = getattr(self._batched, "drop", None)
+            if callable(fn):
+                self._call("drop(worker_id)", fn, worker_id)
+            return
+        inst = self._per_worker.pop(worker_id, None)
+        if inst is None or self._shared or any(v is inst for v in self._per_worker.values()):
+            return
+        fn = getattr(inst, "close", None)
+        if callable(fn):
+            try:
+                fn()
+            except Exception as exc:  # one worker's release must not stop the others
+                log.warning("%s: close() of worker %s raised %s: %s", self.name, worker_id,
+                            type(exc).__name__, exc)
 
     def close(self) -> None:
         """Release the policy (its ``close()`` if it has one: a remote policy's connections)."""
@@ -197,12 +241,11 @@ class Inference:
         except PolicyError:
             raise
         except Exception as exc:
-            # The user's code failed, not gmp: say so (the traceback is shown with gmp -v).
-            from genmanip_protocol.errors import ExitCode
-
-            err = PolicyError(f"{self.name}: {what} raised {type(exc).__name__}: {exc}")
-            err.exit_code = ExitCode.FAILURE  # type: ignore[misc]
-            raise err from exc
+            # The user's code failed, not gmp: say so, and where (the traceback is shown with -v).
+            module = getattr(fn, "__module__", None)
+            raise policy_code_error(
+                f"{self.name}: {what}", exc, module=module if isinstance(module, str) else None
+            ) from exc
 
 
 def is_batched(policy: Any) -> bool:

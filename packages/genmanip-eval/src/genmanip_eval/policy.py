@@ -34,10 +34,15 @@ style); the single value is unwrapped.
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
+import inspect
 import logging
+import os
+import sysconfig
 from collections.abc import Callable, Mapping, Sequence
-from importlib.metadata import EntryPoint
+from importlib.metadata import EntryPoint, packages_distributions
+from types import TracebackType
 from typing import Any
 
 from genmanip_protocol.errors import ExitCode, ValidationError
@@ -45,7 +50,7 @@ from genmanip_protocol.robots import get_robot
 from genmanip_protocol.schema import CONTROL_TYPES
 
 from .actions import is_action_dict
-from .errors import PolicyError
+from .errors import PolicyCodeError, PolicyError
 from .plugins import entry_points_of, providers
 
 __all__ = [
@@ -59,6 +64,8 @@ __all__ = [
     "instantiate",
     "load_policy_factory",
     "parse_policy_args",
+    "policy_code_error",
+    "user_frame",
     "zero_policy",
 ]
 
@@ -66,6 +73,103 @@ log = logging.getLogger("genmanip_eval.policy")
 
 #: Entry-point group of policy factories: ``name = "package.module:factory"``.
 POLICY_GROUP = "genmanip.policies"
+
+@functools.lru_cache(maxsize=1)
+def _gmp_modules() -> frozenset[str]:
+    """Top-level import names of gmp's own distributions (``genmanip*``, from the installed
+    metadata, so no name above this package is spelled here): their frames are never "the user's
+    code"."""
+    names = {"genmanip_eval", "genmanip_client", "genmanip_protocol", "genmanip_runtime",
+             "genmanip_results"}
+    for top, dists in packages_distributions().items():
+        if any(d.lower().replace("_", "-").startswith("genmanip") for d in dists):
+            names.add(top)
+    return frozenset(names)
+#: The hint of every error raised by the user's policy code.
+USER_CODE_HINT = "the error is in your policy's code, not in gmp: run with -v for the traceback"
+
+
+def _stdlib_dirs() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    dirs = {os.path.realpath(paths[k]) for k in ("stdlib", "platstdlib") if paths.get(k)}
+    return tuple(d.rstrip(os.sep) + os.sep for d in dirs)
+
+
+_STDLIB = _stdlib_dirs()
+
+
+def _third_party(filename: str) -> bool:
+    parts = filename.replace("\\", "/").split("/")
+    return "site-packages" in parts or "dist-packages" in parts
+
+
+def _is_stdlib(filename: str) -> bool:
+    if filename.startswith("<"):  # <frozen importlib._bootstrap>, <string>
+        return True
+    real = os.path.realpath(filename)
+    return real.startswith(_STDLIB) and not _third_party(real)
+
+
+def _show_path(filename: str) -> str:
+    try:
+        rel = os.path.relpath(filename)
+    except ValueError:  # another drive (Windows)
+        return filename
+    return filename if rel.startswith(os.pardir) else rel
+
+
+def user_frame(exc: BaseException, *, module: str | None = None) -> str | None:
+    """``file:line`` of the innermost frame of ``exc``'s traceback that is in the user's code.
+
+    The user's code is anything but gmp's own packages (the ``genmanip*`` distributions) and the standard
+    library. Preferred, innermost first: a frame of ``module``'s top-level package (the policy's
+    own), then one outside ``site-packages`` (the user's checkout rather than torch), then any
+    third-party frame. ``None`` when every frame is gmp's or the stdlib's. The one definition of
+    "the user's frame" in gmp. Paths under the current directory are shown relative to it.
+    """
+    frames: list[tuple[str, str, int]] = []
+    tb: TracebackType | None = exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        name = str(tb.tb_frame.f_globals.get("__name__") or "")
+        frames.append((name.split(".", 1)[0], code.co_filename, tb.tb_lineno))
+        tb = tb.tb_next
+    gmp = _gmp_modules()
+    candidates = [(top, f, n) for top, f, n in frames if top not in gmp and not _is_stdlib(f)]
+    if not candidates:
+        return None
+    own = module.split(".", 1)[0] if module else None
+    for pick in (
+        [c for c in candidates if own and c[0] == own],
+        [c for c in candidates if not _third_party(c[1])],
+        candidates,
+    ):
+        if pick:
+            _, filename, line = pick[-1]
+            return f"{_show_path(filename)}:{line}"
+    return None  # pragma: no cover - candidates is not empty
+
+
+def policy_code_error(
+    what: str, exc: BaseException, *, module: str | None = None, verb: str = "raised"
+) -> PolicyCodeError:
+    """The error for an exception ``exc`` the user's policy code raised in ``what`` (``"mypkg:make:
+    get_action(obs)"``): ``<what> <verb> <type>: <exc> (at <file:line>)`` (:func:`user_frame`) and
+    the ``-v`` hint; exit code FAILURE (the run failed; gmp did not). ``module`` is the policy's
+    module (its frames are preferred)."""
+    where = user_frame(exc, module=module)
+    text = str(exc)
+    message = f"{what} {verb} {type(exc).__name__}" + (f": {text}" if text else "")
+    if where:
+        message += f" (at {where})"
+    return PolicyCodeError(message, where=where, hint=USER_CODE_HINT)
+
+
+def _module_of(obj: Any) -> str | None:
+    module = getattr(obj, "__module__", None)
+    if module is None:
+        module = getattr(type(obj), "__module__", None)
+    return module if isinstance(module, str) else None
 
 
 class PolicyNotInstalledError(PolicyError):
@@ -270,21 +374,77 @@ def load_policy_factory(spec: str) -> Callable[..., Any]:
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise PolicyError(f"--policy {spec!r}: {module_name} has no attribute {attr!r}") from None
+            names = [n for n in dir(obj) if not n.startswith("_") and callable(getattr(obj, n, None))]
+            close = difflib.get_close_matches(part, names, n=1)
+            message = f"--policy {spec!r}: {module_name} has no attribute {attr!r}"
+            hint = None
+            if close:
+                fixed = attr.replace(part, close[0], 1) if "." in attr else close[0]
+                message += f"; did you mean {close[0]!r}?"
+                hint = f"--policy {module_name}:{fixed}"
+            raise PolicyError(message, hint=hint) from None
     if not callable(obj):
         raise PolicyError(f"--policy {spec!r}: {attr} is not callable")
     return obj  # type: ignore[no-any-return]
 
 
-def instantiate(spec: str, factory: Callable[..., Any], args: Mapping[str, str] | None) -> Any:
-    """Call the policy ``factory`` of ``--policy spec`` with the ``--policy-arg`` strings."""
+def _factory_name(factory: Callable[..., Any]) -> str:
+    name = getattr(factory, "__qualname__", None) or getattr(factory, "__name__", None)
+    module = _module_of(factory)
+    if not name:
+        return type(factory).__name__
+    return f"{module}:{name}" if module else str(name)
+
+
+def _signature_hint(factory: Callable[..., Any], args: Mapping[str, str]) -> str | None:
+    """A did-you-mean for a ``--policy-arg`` name the factory's signature does not have."""
     try:
-        return factory(**dict(args or {}))
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return None
+    names = [n for n, p in params.items()
+             if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+    for key in args:
+        if key not in params:
+            close = difflib.get_close_matches(key, names, n=1)
+            if close:
+                return f"did you mean --policy-arg {close[0]}=...? (it takes: {', '.join(names) or 'nothing'})"
+            return f"it takes: {', '.join(names) or 'no arguments'}"
+    return None
+
+
+def instantiate(spec: str, factory: Callable[..., Any], args: Mapping[str, str] | None) -> Any:
+    """Call the policy ``factory`` of ``--policy spec`` with the ``--policy-arg`` strings.
+
+    Raises:
+        PolicyError: the factory's signature does not take those arguments (exit USAGE, with a
+            did-you-mean), or the factory raised a :class:`PolicyError` itself.
+        PolicyCodeError: the factory raised anything else (a missing checkpoint,
+            ``float("abc")`` on an argument): named with the exception and the user's
+            ``file:line`` (exit FAILURE), never an "internal error" of gmp.
+    """
+    kwargs = dict(args or {})
+    try:
+        return factory(**kwargs)
     except PolicyError:
         raise
-    except (TypeError, ValueError) as exc:
-        # Factories parse their string arguments: a bad one is the user's input, not a crash.
-        raise PolicyError(f"--policy {spec!r}: the factory rejected its arguments: {exc}") from exc
+    except Exception as exc:
+        tb = exc.__traceback__
+        if isinstance(exc, TypeError) and tb is not None and tb.tb_next is None:
+            # Raised by the call itself: the arguments do not fit the factory's signature.
+            raise PolicyError(
+                f"--policy {spec!r}: the factory rejected its arguments: {exc}",
+                hint=_signature_hint(factory, kwargs),
+            ) from exc
+        given = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+        what = (f"--policy {spec!r}: the factory {_factory_name(factory)}"
+                + (f"({given})" if given else "()"))
+        # Factories parse their string arguments: a TypeError or ValueError is a bad one.
+        rejected = bool(kwargs) and isinstance(exc, (TypeError, ValueError))
+        verb = "rejected its arguments:" if rejected else "raised"
+        raise policy_code_error(what, exc, module=_module_of(factory), verb=verb) from exc
 
 
 def _unwrap(result: Any, what: str) -> Any:
@@ -319,10 +479,8 @@ class PolicyHandle:
         except PolicyError:
             raise
         except Exception as exc:
-            # The user's code failed, not gmp: say so (the traceback is shown with gmp -v).
-            err = PolicyError(f"{self.name}: {what} raised {type(exc).__name__}: {exc}")
-            err.exit_code = ExitCode.FAILURE  # type: ignore[misc]
-            raise err from exc
+            # The user's code failed, not gmp: say so, and where (the traceback is shown with -v).
+            raise policy_code_error(f"{self.name}: {what}", exc, module=_module_of(self.policy)) from exc
 
     def reset(self) -> None:
         fn = getattr(self.policy, "reset", None)

@@ -1,10 +1,15 @@
-"""Episode recording off the hot path: ``steps.jsonl``, per-camera H.264 mp4, results, live view.
+"""Episode recording off the hot path: ``steps.jsonl``, per-camera frames, results, live view.
+
+Frames are stored as they arrive: ``transcode="deferred"`` (the default) makes each camera's spool
+its finished frame store ``<camera>.jpegs`` (fsync + rename; the H.264 mp4 is made on demand by
+:func:`genmanip_results.frames.ensure_video` or ``gmp transcode``); ``transcode="inline"`` runs
+x264 after each episode as before. What follows calls the finishing step "transcoding" for both.
 
 Layout (docs/architecture.md, client layout)::
 
     <root>/<benchmark>/<run_id>/run.json
     <root>/<benchmark>/<run_id>/<task_name>/episode_result.json      merged under a file lock
-    <root>/<episode_id>/steps.jsonl, <camera>.mp4, result.json, INCOMPLETE
+    <root>/<episode_id>/steps.jsonl, <camera>.jpegs | <camera>.mp4, result.json, INCOMPLETE
 
 The step loop only classifies and enqueues (cheap); a writer thread appends rows and JPEG frames
 (length-prefixed, bytes as received: nothing is decoded to be recorded) and a transcoder thread
@@ -57,6 +62,7 @@ from genmanip_results.layout import (
     EPISODE_RESULT,
     EPISODE_RESULT_LOCK,
     FRAME_SPOOL_SUFFIX,
+    FRAME_STORE_SUFFIX,
     FRAMES_DIR,
     INCOMPLETE,
     PENDING_NOTE_GLOB,
@@ -65,6 +71,7 @@ from genmanip_results.layout import (
     RUN_JSON,
     RUN_JSON_LOCK,
     STEPS_JSONL,
+    VIDEO_PART_SUFFIX,
     VIDEO_SUFFIX,
     awaiting_note_name,
     pending_note_name,
@@ -79,7 +86,9 @@ from genmanip_runtime.text import safe_text
 from .errors import EpisodeIdError, RecordingError
 
 __all__ = [
+    "RAW_JPEG_QUALITY",
     "RESULTS_DIR_ENV",
+    "TRANSCODE_MODES",
     "Recorder",
     "camera_name",
     "iter_frame_file",
@@ -89,6 +98,11 @@ __all__ = [
 log = logging.getLogger("genmanip_eval.recording")
 
 _LEN = struct.Struct(">I")
+#: ``Recorder(transcode=...)``: when an episode's H.264 videos are made (docs/eval.md).
+TRANSCODE_MODES = ("deferred", "inline")
+#: Raw frames (msgpack ``--frames raw``) are stored as JPEG at this quality, once, in the writer
+#: thread: bench/recording_cost.py measures the cost and the error (docs/eval.md).
+RAW_JPEG_QUALITY = 95
 # The recovery notes (names in genmanip_results.layout; the owner's pid is in the name, so claiming
 # an abandoned note is one atomic rename):
 # * pending (``pending_note_name``): written (fsynced) when an episode's last step is recorded,
@@ -240,6 +254,11 @@ class Recorder:
             request's rows).
         fps: frame rate of the mp4 files.
         nice: niceness added to the ffmpeg transcoder (keeps the step loop responsive).
+        transcode: ``"deferred"`` (the default): an episode's JPEG frames become its frame store
+            ``<camera>.jpegs`` (a rename, no encoding) and the H.264 mp4 is made when something
+            needs it (:func:`genmanip_results.frames.ensure_video`, ``gmp transcode``);
+            ``"inline"``: the recorder makes ``<camera>.mp4`` after each episode (x264, niced)
+            and keeps no store.
         on_episode_complete: called with the episode directory once it is complete
             (``result.json`` written), from the transcoder thread; must return quickly.
     """
@@ -254,7 +273,11 @@ class Recorder:
         fps: int = 30,
         nice: int = 19,
         on_episode_complete: Callable[[Path], Any] | None = None,
+        transcode: str = "deferred",
     ) -> None:
+        if transcode not in TRANSCODE_MODES:
+            raise ValueError(f"transcode: expected one of {', '.join(TRANSCODE_MODES)}, got {transcode!r}")
+        self.transcode = transcode
         self.root = Path(root).absolute()
         self.root.mkdir(parents=True, exist_ok=True)
         self._root_resolved = self.root.resolve()
@@ -445,8 +468,10 @@ class Recorder:
         obs_timesteps: list[int | None],
         chunk: list[dict[str, int] | None],
         latency: dict[str, float | None] | None,
+        batch_size: int | None = None,
     ) -> None:
-        """Actions the server executed for ``worker_id`` (in order)."""
+        """Actions the server executed for ``worker_id`` (in order). ``batch_size``: how many
+        observations the policy call that chose them served (the async runner's batches)."""
         ep = self._episodes.get(worker_id)
         if ep is None:
             log.debug("worker %s: executed actions outside a recorded episode", worker_id)
@@ -472,6 +497,7 @@ class Recorder:
                     "action": action,
                     "chunk": chunk[i] if i < len(chunk) else None,
                     "latency_ms": latency if i == 0 else None,
+                    **({"batch_size": batch_size} if i == 0 and batch_size is not None else {}),
                 }
             )
             ep.steps += 1
@@ -627,8 +653,21 @@ class Recorder:
         def update(cur: dict[str, Any]) -> None:
             workers = set(cur.get("workers") or []) | set(manifest.pop("workers", []) or [])
             started = cur.get("started")
+            segment = manifest.pop("segment", None)
             for k, v in manifest.items():
                 cur[k] = v
+            if isinstance(segment, dict):
+                # One entry per invocation (its processes share the id): a resumed run keeps
+                # the story of every invocation, with its policy, versions and time range.
+                segs = [x for x in cur.get("segments") or [] if isinstance(x, dict)]
+                mine = next((x for x in segs if x.get("id") == segment.get("id")), None)
+                if mine is None:
+                    segs.append(dict(segment))
+                else:
+                    seg_workers = set(mine.get("workers") or []) | set(segment.get("workers") or [])
+                    mine.update(segment)
+                    mine["workers"] = sorted(seg_workers)
+                cur["segments"] = segs
             if run_dir in self._run_ids:
                 cur["benchmark"], cur["run_id"] = self._run_ids[run_dir]
             if started and manifest.get("started"):
@@ -645,6 +684,12 @@ class Recorder:
         if not is_within(path, self._root_resolved):
             raise UnsafePathError(f"camera: {cam[:80]!r}: {directory.name} resolves outside the results root")
         return path
+
+    def _has_frames(self, directory: Path, cam: str) -> bool:
+        """Are ``cam``'s frames there to finish the episode with: its spool, or (a completion cut
+        short after moving it) its frame store?"""
+        return (self._camera_file(directory / FRAMES_DIR, cam, FRAME_SPOOL_SUFFIX).is_file()
+                or self._camera_file(directory, cam, FRAME_STORE_SUFFIX).is_file())
 
     def _open_spool(self, ep: _Episode, cam: str) -> Any:
         """Create the frame spool of ``cam`` (a new file: never one that is there already); a
@@ -701,8 +746,9 @@ class Recorder:
             for name in _RECORDING_FILES:
                 (d / name).unlink(missing_ok=True)
             _unlink_markers(d)
-            for mp4 in d.glob(f"*{VIDEO_SUFFIX}"):
-                mp4.unlink()  # (a symlink: the link only)
+            for pattern in (f"*{VIDEO_SUFFIX}", f"*{VIDEO_PART_SUFFIX}", f"*{FRAME_STORE_SUFFIX}"):
+                for old in d.glob(pattern):
+                    old.unlink()  # (a symlink: the link only)
             atomic_write_json(
                 d / INCOMPLETE,
                 {"episode_id": ep.episode_id, "worker_id": ep.worker_id, "started": ep.started,
@@ -748,7 +794,7 @@ class Recorder:
             else:
                 from genmanip_protocol.codec import encode_jpeg
 
-                data = encode_jpeg(value)
+                data = encode_jpeg(value, quality=RAW_JPEG_QUALITY)
             fh = files.get(cam)
             if fh is None:
                 fh = files[cam] = self._open_spool(ep, cam)
@@ -883,7 +929,7 @@ class Recorder:
                     raise ValueError("the recorder that wrote it is still running")
                 ep = _Episode.from_note(e, directory, run_dir)
                 cams = [str(c) for c in info["cameras"]]
-                if not all(self._camera_file(directory / FRAMES_DIR, c, FRAME_SPOOL_SUFFIX).is_file() for c in cams):
+                if not all(self._has_frames(directory, c) for c in cams):
                     raise ValueError("its frame spool is missing")
             except (OSError, ValueError, KeyError, TypeError, UnsafePathError) as exc:
                 log.warning("cannot finish %s with the collected result from %s: %s", result.episode_id, marker.name, exc)
@@ -1053,8 +1099,7 @@ class Recorder:
                     score=float(info["result"]["score"]), sr=float(info["result"]["sr"]),
                 )
                 # (a camera that never sent a frame has no spool file)
-                cams = [str(c) for c in info["cameras"]
-                        if self._camera_file(d / FRAMES_DIR, str(c), FRAME_SPOOL_SUFFIX).is_file()]
+                cams = [str(c) for c in info["cameras"] if self._has_frames(d, str(c))]
                 if info["cameras"] and not cams:
                     raise ValueError("frame spool missing")
                 _truncate_rows(d / STEPS_JSONL, ep.steps)
@@ -1105,18 +1150,31 @@ class Recorder:
                     self._busy_cv.notify_all()
 
     def _transcode(self, ep: _Episode, result: EpisodeResult, cams: list[str], finished: str) -> None:
+        from genmanip_results.frames import finish_spool
         from genmanip_results.video import transcode_jpegs
 
         d = ep.directory
 
         def one(cam: str) -> int:
             src = self._camera_file(d / FRAMES_DIR, cam, FRAME_SPOOL_SUFFIX)
+            if self.transcode == "deferred":
+                # The spool becomes the finished frame store: fsync + rename, no copy, no
+                # encoder (an H.264 copy is made when someone needs one: genmanip_results.frames).
+                return finish_spool(src, self._camera_file(d, cam, FRAME_STORE_SUFFIX))
             dst = self._camera_file(d, cam, VIDEO_SUFFIX)
-            return transcode_jpegs(iter_frame_file(src), dst, fps=self.fps, nice=self.nice, threads=1)
+            if not src.is_file() and self._camera_file(d, cam, FRAME_STORE_SUFFIX).is_file():
+                src = self._camera_file(d, cam, FRAME_STORE_SUFFIX)  # a deferred run resumed inline
+            n = transcode_jpegs(iter_frame_file(src), dst, fps=self.fps, nice=self.nice, threads=1)
+            if src.name.endswith(FRAME_STORE_SUFFIX) and src.parent == d:
+                src.unlink(missing_ok=True)
+            return n
 
+        if self.transcode == "deferred":
+            for cam in cams:
+                one(cam)
         # The cameras of one episode transcode concurrently (ffmpeg start-up dominates short
         # episodes); niced, so the step loop keeps priority.
-        if len(cams) > 1:
+        elif len(cams) > 1:
             with ThreadPoolExecutor(max_workers=min(2, len(cams)), thread_name_prefix="gmp-ffmpeg") as pool:
                 list(pool.map(one, cams))
         else:

@@ -8,8 +8,10 @@ process that dies is reported with its exit reason and ends the run with a failu
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import multiprocessing as mp
+import os
 import platform
 import queue
 import signal
@@ -22,22 +24,30 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 from genmanip_protocol.errors import ExitCode, GenmanipError
 from genmanip_runtime.text import SafeFormatter
 
+from .batcher import DEFAULT_MAX_BATCH, DEFAULT_MAX_WAIT_S, Batcher
 from .client import DEFAULT_URL, EvalClient
 from .errors import PolicyError, WorkerProcessError
 from .hooks import load_episode_hook
-from .policy import PolicyHandle
+from .inference import BatchItem, Inference
+from .lanes import Lane, LaneSettings, SerializedListener, wait_lanes
 from .recording import Recorder, resolve_results_root
 
-__all__ = ["EvalConfig", "RunSummary", "package_versions", "run_eval", "run_workers"]
+__all__ = ["LAUNCHER_GROUP", "RUNNERS", "EvalConfig", "RunSummary", "load_launcher", "package_versions", "plan_mode", "run_eval", "run_workers"]
 
 log = logging.getLogger("genmanip_eval.runner")
 
 Emit = Callable[[str, dict[str, Any]], None]
+
+#: The loops of ``gmp eval --runner``: ``async`` (the default) and ``lockstep`` (the reference's).
+RUNNERS = ("async", "lockstep")
+#: Entry-point group of ``gmp eval --launcher`` names other than ``local`` (``ray``: genmanip-ray).
+LAUNCHER_GROUP = "genmanip.launchers"
 
 
 @dataclass
@@ -64,6 +74,9 @@ class EvalConfig:
     frames: str = "auto"
     robot: str | None = None
     record: bool = True
+    #: When the H.264 videos are made: ``"deferred"`` (JPEG frame stores now, mp4 on demand or by
+    #: ``gmp transcode``) or ``"inline"`` (after each episode, in the recorder). docs/eval.md.
+    transcode: str = "deferred"
     results_dir: str | None = None
     live_every: int = 0
     max_episodes: int | None = None
@@ -73,6 +86,32 @@ class EvalConfig:
     ca_file: str | None = None
     #: Plot each episode once it is recorded (the ``plot`` hook of genmanip-artifacts).
     plot_on_episode_end: bool = False
+    #: The loop: ``"async"`` (lanes + batched policy calls) or ``"lockstep"`` (see :data:`RUNNERS`).
+    runner: str = "async"
+    #: Largest policy batch (async runner; None: the number of workers, at most 32).
+    max_batch: int | None = None
+    #: The longest an idle policy waits for more observations (ms; None: 200 for a batched policy,
+    #: 0 for a per-worker one).
+    max_wait_ms: float | None = None
+    #: Where the worker groups run: ``"local"`` (this machine's processes), or a name of the
+    #: ``genmanip.launchers`` entry points (``"ray"``), which reads the ``launcher_options``.
+    launcher: str = "local"
+    #: The launcher's own settings (for ``ray``: address, workers_per_actor, policy_replicas,
+    #: gpus_per_replica, cpus_per_replica).
+    launcher_options: dict[str, Any] = field(default_factory=dict)
+    #: Names this invocation in ``run.json``'s ``segments`` (shared by its processes; None: made
+    #: from the host, the process id and the start time).
+    segment_id: str | None = None
+    #: Resume a run with another policy (spec or arguments) than it was run with: refused unless set.
+    allow_policy_change: bool = False
+    #: A recorded run (directory or run id) to compare with, episode by episode (paired on seeds).
+    compare_to: str | None = None
+    #: End the run once the sequential test against ``compare_to`` has decided.
+    stop_when_decided: bool = False
+    #: Level of that test.
+    alpha: float = 0.05
+    #: The "no difference larger than delta" margin (None: the stats module's default, 0.10).
+    delta: float | None = None
 
     def manifest(self) -> dict[str, Any]:
         """The ``run.json`` fields (never the token)."""
@@ -93,7 +132,12 @@ class EvalConfig:
             "robot": self.robot,
             "max_episodes": self.max_episodes,
             "max_recoveries": self.max_recoveries,
+            "runner": self.runner,
+            "launcher": self.launcher,
+            "compare_to": self.compare_to,
+            "batching_limits": {"max_batch": self.max_batch, "max_wait_ms": self.max_wait_ms},
             "plot_on_episode_end": self.plot_on_episode_end,
+            "transcode": self.transcode,
             "host": socket.gethostname(),
             "python": platform.python_version(),
             "platform": platform.platform(),
@@ -109,13 +153,21 @@ class RunSummary:
     episodes: list[dict[str, Any]] = field(default_factory=list)
     run_dirs: list[str] = field(default_factory=list)
     steps: int = 0
+    #: the step loop's wall time
     elapsed_s: float = 0.0
+    #: wall time until the run's recordings were complete (the loop plus finishing the last
+    #: episodes' recordings: frame stores, or x264 with ``transcode="inline"``); None: not recorded
+    recorded_s: float | None = None
     lock_lost: int = 0
     #: failed requests recovered from, and episodes restarted because of one
     recoveries: int = 0
     restarts: int = 0
     codec: str | None = None
     complete: bool = False
+    #: the async runner's batch statistics (:meth:`genmanip_eval.batcher.BatchStats.as_dict`)
+    batching: dict[str, Any] | None = None
+    #: the sequential comparison with ``compare_to`` (decision, evidence, episodes saved)
+    comparison: dict[str, Any] | None = None
 
 
 def package_versions() -> dict[str, str]:
@@ -156,66 +208,145 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
+def plan_mode(cfg: EvalConfig, inference: Inference) -> str:
+    """How actions reach the server: ``"single"``, ``"buffered"`` (client-side chunk replay) or
+    ``"step_chunk"``; a combination the policy cannot serve raises :class:`PolicyError`."""
+    n = cfg.chunk_size if cfg.chunk_size and cfg.chunk_size > 0 else None
+    if cfg.step_chunk:
+        if not inference.has_chunk:
+            raise PolicyError(
+                f"--step-chunk needs a policy with get_action_chunk(obs) or get_action_chunks(batch); "
+                f"{cfg.policy} has neither"
+            )
+        return "step_chunk"
+    if inference.has_chunk and (not inference.has_action or (n is not None and n > 1)):
+        return "buffered"
+    if n is not None and n > 1:
+        raise PolicyError(
+            f"--chunk-size {n} needs a policy with get_action_chunk(obs) or get_action_chunks(batch); "
+            f"{cfg.policy} has only get_action"
+        )
+    return "single"
+
+
 def run_workers(
     cfg: EvalConfig,
     worker_ids: list[str] | None = None,
     *,
     emit: Emit | None = None,
     stop: Any = None,
+    inference: Inference | None = None,
 ) -> RunSummary:
     """Evaluate ``cfg.policy`` on ``worker_ids`` (default ``cfg.worker_ids``) in this process.
 
+    ``inference``: an already loaded policy to use instead of loading ``cfg.policy`` (a launcher
+    that routes to remote replicas passes its own); it is not closed here.
+
+    ``cfg.runner`` picks the loop: ``"async"`` (default: one lane per worker on its own
+    connection, the policy called once per batch of ready observations, see
+    :mod:`genmanip_eval.lanes`) or ``"lockstep"`` (the reference client's loop: every worker's
+    policy call in turn, then one ``/step`` for all).
+
     ``emit(kind, payload)`` receives ``"connected"``, ``"episode"`` (a finished episode),
     ``"steps"`` (after every request: executed steps and the latency split in ms),
-    ``"lock_lost"`` and ``"run_dir"`` events. ``stop`` (an Event) ends the loop early.
+    ``"lock_lost"``, ``"restart"`` and ``"run_dir"`` events. ``stop`` (an Event) ends the run early.
     """
     wids = list(worker_ids or cfg.worker_ids)
     say: Emit = emit or (lambda kind, payload: None)
-    policies = {w: PolicyHandle.create(cfg.policy, cfg.policy_args) for w in wids}
-    first = policies[wids[0]]
-    n = cfg.chunk_size if cfg.chunk_size and cfg.chunk_size > 0 else None
-    if cfg.step_chunk:
-        if not first.has_chunk:
-            raise PolicyError(
-                f"--step-chunk needs a policy with get_action_chunk(obs); {cfg.policy} has only get_action"
+    if cfg.runner not in RUNNERS:
+        raise PolicyError(f"--runner {cfg.runner!r}: expected one of {', '.join(RUNNERS)}")
+    owned = inference is None
+    if inference is None:
+        inference = Inference.create(cfg.policy, cfg.policy_args)
+    try:
+        mode = plan_mode(cfg, inference)
+        session = _Session(cfg, wids, mode, say, prefers_jpeg=inference.prefers_jpeg)
+        try:
+            if cfg.runner == "lockstep":
+                _run_lockstep(session, inference, stop)
+            else:
+                _run_lanes(session, inference, stop)
+            session.ok = True
+        finally:
+            session.finish()
+        return session.summary
+    finally:
+        if owned:
+            inference.close()
+
+
+class _Session:
+    """What both loops share: the recorder, the plot hook, the event handler and the summary."""
+
+    def __init__(self, cfg: EvalConfig, wids: list[str], mode: str, say: Emit, *,
+                 prefers_jpeg: bool = False) -> None:
+        self.cfg = cfg
+        self.wids = wids
+        self.mode = mode
+        self._say = say
+        self._say_lock = threading.Lock()
+        self.summary = RunSummary()
+        self.recorder: Recorder | None = None
+        self.plot_hook: Any = None
+        self.stop_flag = threading.Event()
+        self.ok = False
+        self.codec: str | None = None
+        self.frames: str | None = None
+        self.batching: dict[str, Any] | None = None
+        self._lock = threading.Lock()
+        self._reported: set[str] = set()
+        self.t_start = time.perf_counter()
+        self.wire_frames = cfg.frames
+        if self.wire_frames == "auto" and prefers_jpeg:
+            self.wire_frames = "jpeg"  # a ws:// policy forwards JPEG frames undecoded
+        if cfg.record:
+            if self.wire_frames == "auto":
+                self.wire_frames = "jpeg"  # stored as received: no encoding on the hot path
+            manifest = cfg.manifest()
+            manifest["workers"] = wids
+            manifest["started"] = _now()
+            manifest["mode"] = mode
+            manifest["runner"] = cfg.runner
+            manifest["segment"] = {
+                "id": cfg.segment_id or f"{socket.gethostname()}:{os.getpid()}:{manifest['started']}",
+                "started": manifest["started"], "finished": None, "outcome": "running",
+                "policy": {"spec": cfg.policy, "args": dict(cfg.policy_args)},
+                "versions": manifest.get("versions"), "host": socket.gethostname(),
+                "argv": manifest.get("argv"), "workers": list(wids),
+            }
+            if cfg.plot_on_episode_end:
+                # Loaded by name: genmanip-eval never imports genmanip-artifacts.
+                self.plot_hook = load_episode_hook("plot")
+            self.recorder = Recorder(
+                resolve_results_root(cfg.results_dir),
+                manifest=manifest,
+                live_every=cfg.live_every,
+                on_episode_complete=self.plot_hook,
+                transcode=cfg.transcode,
             )
-        mode = "step_chunk"
-    elif first.has_chunk and (not first.has_action or (n is not None and n > 1)):
-        mode = "buffered"
-    elif n is not None and n > 1:
-        raise PolicyError(f"--chunk-size {n} needs a policy with get_action_chunk(obs); {cfg.policy} has only get_action")
-    else:
-        mode = "single"
+            if cfg.run_id:
+                # A resumed run: finish episodes a killed predecessor recorded but did not transcode.
+                self.recorder.recover_run_id(cfg.run_id)
+        elif cfg.plot_on_episode_end:
+            raise PolicyError("--plot-on-episode-end plots recorded episodes: it cannot be used with --no-record")
 
-    summary = RunSummary()
-    recorder: Recorder | None = None
-    plot_hook: Any = None
-    frames = cfg.frames
-    if cfg.record:
-        if frames == "auto":
-            frames = "jpeg"  # the recorder stores JPEG bytes as received: no encoding on the hot path
-        manifest = cfg.manifest()
-        manifest["workers"] = wids
-        manifest["started"] = _now()
-        manifest["mode"] = mode
-        if cfg.plot_on_episode_end:
-            # Loaded by name: genmanip-eval never imports genmanip-artifacts.
-            plot_hook = load_episode_hook("plot")
-        recorder = Recorder(
-            resolve_results_root(cfg.results_dir),
-            manifest=manifest,
-            live_every=cfg.live_every,
-            on_episode_complete=plot_hook,
-        )
-        if cfg.run_id:
-            # A resumed run: finish episodes a killed predecessor recorded but did not transcode.
-            recorder.recover_run_id(cfg.run_id)
-    elif cfg.plot_on_episode_end:
-        raise PolicyError("--plot-on-episode-end plots recorded episodes: it cannot be used with --no-record")
+    def say(self, kind: str, payload: dict[str, Any]) -> None:
+        """The caller's ``emit``, one event at a time (lanes report from their own threads)."""
+        with self._say_lock:
+            self._say(kind, payload)
 
-    stop_flag = threading.Event()
+    def client_kwargs(self) -> dict[str, Any]:
+        cfg = self.cfg
+        return {
+            "base_url": cfg.url, "run_id": cfg.run_id, "token": cfg.token, "codec": cfg.codec,
+            "frames": self.wire_frames, "robot": cfg.robot, "timeouts": cfg.timeouts,
+            "render_mode": cfg.render_mode, "subframes": cfg.subframes, "ca_file": cfg.ca_file,
+            "max_recoveries": cfg.max_recoveries,
+        }
 
-    def on_event(name: str, payload: dict[str, Any]) -> None:
+    def on_event(self, name: str, payload: dict[str, Any]) -> None:
+        """The clients' ``on_event`` (from any lane's thread)."""
+        cfg, summary = self.cfg, self.summary
         if name == "episode_finished":
             er = payload["episode_result"]
             ep = {
@@ -227,79 +358,225 @@ def run_workers(
                 "sr": er["sr"],
                 "success": abs(float(er["score"]) - 1.0) <= 1e-6,
             }
-            summary.episodes.append(ep)
-            say("episode", ep)
-            if cfg.max_episodes is not None and len(summary.episodes) >= cfg.max_episodes:
-                stop_flag.set()
+            with self._lock:
+                summary.episodes.append(ep)
+                enough = cfg.max_episodes is not None and len(summary.episodes) >= cfg.max_episodes
+            self.say("episode", ep)
+            if enough:
+                self.stop_flag.set()
         elif name == "lock_lost":
-            summary.lock_lost += 1
-            say("lock_lost", payload)
+            with self._lock:
+                summary.lock_lost += 1
+            self.say("lock_lost", payload)
         elif name == "episode_restarted":
-            summary.restarts += 1
-            say("restart", payload)
+            with self._lock:
+                summary.restarts += 1
+            self.say("restart", payload)
+        elif name in ("waiting_for_server", "server_back"):
+            self.say(name, payload)
 
-    client = EvalClient(
-        cfg.url,
-        wids,
-        cfg.run_id,
-        cfg.token,
-        codec=cfg.codec,
-        frames=frames,
-        robot=cfg.robot,
-        timeouts=cfg.timeouts,
-        render_mode=cfg.render_mode,
-        subframes=cfg.subframes,
-        on_event=on_event,
-        listener=recorder,
-        ca_file=cfg.ca_file,
-        max_recoveries=cfg.max_recoveries,
-    )
-    buffers: dict[str, deque[tuple[Any, int | None, int, int]]] = {w: deque() for w in wids}
-    t_start = time.perf_counter()
-    ok = False
-    try:
-        if recorder is not None:
-            try:
-                total = client.status(retry=False).get("total_episodes")
-                if isinstance(total, int) and total > 0:
-                    recorder.manifest["total_episodes"] = total
-            except GenmanipError as exc:
-                log.debug("GET /status failed (%s): run.json without total_episodes", exc)
-        entries = client.reset()
-        summary.codec = client.codec_name
-        say("connected", {"codec": client.codec_name, "frames": client.frames, "workers": wids})
-        reported_dirs: set[str] = set()
-        while not client.done:
-            if stop_flag.is_set() or (stop is not None and stop.is_set()):
-                break
+    def stopped(self, stop: Any) -> bool:
+        return self.stop_flag.is_set() or (stop is not None and stop.is_set())
+
+    def total_episodes(self, client: EvalClient) -> None:
+        if self.recorder is None:
+            return
+        try:
+            total = client.status(retry=False).get("total_episodes")
+            if isinstance(total, int) and total > 0:
+                self.recorder.manifest["total_episodes"] = total
+        except GenmanipError as exc:
+            log.debug("GET /status failed (%s): run.json without total_episodes", exc)
+
+    def connected(self, client: EvalClient) -> None:
+        self.codec, self.frames = client.codec_name, client.frames
+        self.summary.codec = client.codec_name
+        self.say("connected", {"codec": client.codec_name, "frames": client.frames, "workers": self.wids})
+
+    def check(self) -> None:
+        """Raise the recorder's failure; report new run directories."""
+        if self.recorder is None:
+            return
+        self.recorder.check()
+        for d in self.recorder.run_dirs:
+            if str(d) not in self._reported:
+                self._reported.add(str(d))
+                self.say("run_dir", {"path": str(d)})
+
+    def finish(self) -> None:
+        summary, recorder = self.summary, self.recorder
+        summary.elapsed_s = time.perf_counter() - self.t_start
+        summary.batching = self.batching
+        try:
             if recorder is not None:
-                recorder.check()
-                for d in recorder.run_dirs:
-                    if str(d) not in reported_dirs:
-                        reported_dirs.add(str(d))
-                        say("run_dir", {"path": str(d)})
+                try:
+                    try:
+                        extra: dict[str, Any] = {}
+                        if recorder.final_metric:
+                            extra["metric"] = dict(recorder.final_metric)
+                        if self.batching is not None:
+                            extra["batching"] = self.batching
+                        seg = recorder.manifest.get("segment")
+                        if isinstance(seg, dict):
+                            stopping = sys.exc_info()[1]
+                            outcome = ("complete" if summary.complete else "stopped" if self.ok
+                                       else "interrupted" if isinstance(stopping, KeyboardInterrupt)
+                                       else "failed")
+                            extra["segment"] = {**seg, "finished": _now(), "outcome": outcome,
+                                                "episodes": len(summary.episodes), "steps": summary.steps}
+                        recorder.update_manifest(finished=_now(), codec=self.codec, frames=self.frames, **extra)
+                    finally:
+                        recorder.close()
+                    summary.recorded_s = time.perf_counter() - self.t_start
+                    # (merged per process: the last process to finish writes its figures)
+                    recorder.update_manifest(recording={
+                        "transcode": self.cfg.transcode,
+                        "loop_s": round(summary.elapsed_s, 3),
+                        "complete_s": round(summary.recorded_s, 3),
+                    })
+                except GenmanipError as exc:
+                    if self.ok:
+                        raise
+                    # the first error is what the user needs; a traceback for this one only with -vv
+                    log.error("recording also failed while stopping: %s", exc,
+                              exc_info=log.isEnabledFor(logging.DEBUG))
+                summary.run_dirs = [str(d) for d in recorder.run_dirs]
+        finally:
+            if self.plot_hook is not None and hasattr(self.plot_hook, "close"):
+                failed = self.plot_hook.close()
+                if failed:
+                    log.warning("%d episode plot(s) failed; rerun them with 'gmp plot'", failed)
+
+
+def _run_lanes(session: _Session, inference: Inference, stop: Any) -> None:
+    """The asynchronous loop: a lane per worker, one batcher for the policy."""
+    cfg = session.cfg
+    call = inference.actions if session.mode == "single" else inference.chunks
+    batcher: Batcher[Any] = Batcher(
+        call,
+        max_batch=cfg.max_batch or min(DEFAULT_MAX_BATCH, len(session.wids)),
+        max_wait_s=_max_wait_s(cfg, inference),
+    )
+    listener = SerializedListener(session.recorder) if session.recorder is not None else None
+    n = cfg.chunk_size if cfg.chunk_size and cfg.chunk_size > 0 else None
+    settings = LaneSettings(client_kwargs=session.client_kwargs(), mode=session.mode, chunk=n)
+    lock = threading.Lock()
+
+    def emit(kind: str, payload: dict[str, Any]) -> None:
+        if kind == "steps":
+            with lock:
+                session.summary.steps += int(payload["n"])
+        session.say(kind, payload)
+
+    lane_stop = threading.Event()
+    lanes = [
+        Lane(w, settings, batcher=batcher, listener=listener, on_event=session.on_event, emit=emit,
+             stop=lambda: lane_stop.is_set() or session.stopped(stop))
+        for w in session.wids
+    ]
+    session.total_episodes(lanes[0].client)
+    announced = False
+
+    def tick() -> None:
+        nonlocal announced
+        if not announced:
+            for lane in lanes:
+                if lane.connected.is_set():
+                    session.connected(lane.client)
+                    announced = True
+                    break
+        failed = next((lane for lane in lanes if lane.error is not None
+                       and not isinstance(lane.error, KeyboardInterrupt)), None)
+        if failed is not None or session.stopped(stop):
+            lane_stop.set()
+            # A lane waiting on the server (a reset, a poll) has nothing in flight: end it now
+            # rather than after its wait; a lane mid-request finishes the request first.
+            for lane in lanes:
+                if lane.alive and not lane.stepping:
+                    lane.interrupt()
+        try:
+            session.check()
+        except GenmanipError:
+            lane_stop.set()
+            raise
+
+    try:
+        for lane in lanes:
+            lane.start()
+        wait_lanes(lanes, tick=tick)
+    except BaseException:
+        # Ctrl-C / SIGTERM (or the recorder failed): every lane stops now; a request cut short is
+        # settled by its client's close(), as after a Ctrl-C of one client.
+        lane_stop.set()
+        for lane in lanes:
+            lane.interrupt()
+        deadline = time.monotonic() + 15.0
+        for lane in lanes:
+            lane.join(max(0.0, deadline - time.monotonic()))
+        raise
+    finally:
+        session.batching = batcher.snapshot().as_dict()
+        batcher.close()
+        with lock:
+            session.summary.recoveries = sum(int(lane.client.stats.get("recoveries", 0)) for lane in lanes)
+    if not announced and lanes[0].connected.is_set():
+        session.connected(lanes[0].client)
+    errors = [lane.error for lane in lanes if lane.error is not None]
+    real = [e for e in errors if not isinstance(e, KeyboardInterrupt)]
+    if real:
+        raise real[0]
+    if errors and not session.stopped(stop):
+        raise errors[0]  # a lane interrupted without a stop: the process is being stopped
+    session.check()
+    session.summary.complete = all(lane.client.done for lane in lanes)
+
+
+def _max_wait_s(cfg: EvalConfig, inference: Inference) -> float:
+    """The batcher's ``max_wait_s``: the flag, else the default for a batched policy, else 0 (a
+    per-worker policy serves a batch one observation at a time: waiting would only idle it)."""
+    if cfg.max_wait_ms is not None:
+        return max(0.0, cfg.max_wait_ms / 1000.0)
+    return DEFAULT_MAX_WAIT_S if inference.batched else 0.0
+
+
+def _run_lockstep(session: _Session, inference: Inference, stop: Any) -> None:
+    """The reference client's loop: each worker's policy call in turn, one ``/step`` for all."""
+    cfg, wids, mode = session.cfg, session.wids, session.mode
+    n = cfg.chunk_size if cfg.chunk_size and cfg.chunk_size > 0 else None
+    client = EvalClient(worker_ids=wids, on_event=session.on_event, listener=session.recorder,
+                        **session.client_kwargs())
+    buffers: dict[str, deque[tuple[Any, int | None, int, int]]] = {w: deque() for w in wids}
+    try:
+        session.total_episodes(client)
+        entries = client.reset()
+        session.connected(client)
+        while not client.done:
+            if session.stopped(stop):
+                break
+            session.check()
             actions: dict[str, Any] = {}
             meta: dict[str, dict[str, Any]] = {}
             for wid in wids:
                 obs = entries[wid]["obs"]
                 if obs is None:
                     continue
-                pol = policies[wid]
-                if obs.get("reset"):
-                    pol.reset()
+                new = bool(obs.get("reset"))
+                if new:
                     buffers[wid].clear()
+                item = BatchItem(wid, None if obs.get("episode_id") is None else str(obs.get("episode_id")),
+                                 obs, new_episode=new)
                 t0 = time.perf_counter()
                 if mode == "single":
-                    actions[wid] = pol.action(obs)
+                    actions[wid] = inference.actions([item])[0]
                     meta[wid] = {"policy_ms": (time.perf_counter() - t0) * 1000}
                 elif mode == "step_chunk":
-                    chunk = pol.chunk(obs)
+                    chunk = inference.chunks([item])[0]
                     actions[wid] = chunk[:n] if n else chunk
                     meta[wid] = {"policy_ms": (time.perf_counter() - t0) * 1000}
                 else:
                     buf = buffers[wid]
                     if not buf:
-                        chunk = pol.chunk(obs)
+                        chunk = inference.chunks([item])[0]
                         chunk = chunk[:n] if n else chunk
                         ts = obs.get("timestep")
                         buf.extend((a, None if ts is None else int(ts), i, len(chunk)) for i, a in enumerate(chunk))
@@ -316,9 +593,9 @@ def run_workers(
                 continue
             entries, _done = client.step(actions, meta=meta)
             executed = sum(e["executed_steps"] for e in entries.values())
-            summary.steps += executed
+            session.summary.steps += executed
             timing = [client.timing(w) for w in actions]
-            say(
+            session.say(
                 "steps",
                 {
                     "n": executed,
@@ -327,35 +604,24 @@ def run_workers(
                     "policy_ms": _mean([t.policy_ms for t in timing]),
                 },
             )
-        summary.complete = client.done
-        ok = True
+        session.summary.complete = client.done
     finally:
-        summary.elapsed_s = time.perf_counter() - t_start
-        summary.recoveries = int(client.stats.get("recoveries", 0))
-        try:
-            client.close()
-        finally:
-            if recorder is not None:
-                try:
-                    try:
-                        extra = {"metric": dict(recorder.final_metric)} if recorder.final_metric else {}
-                        recorder.update_manifest(
-                            finished=_now(), codec=client.codec_name, frames=client.frames, **extra
-                        )
-                    finally:
-                        recorder.close()
-                except GenmanipError as exc:
-                    if ok:
-                        raise
-                    # the first error is what the user needs; a traceback for this one only with -vv
-                    log.error("recording also failed while stopping: %s", exc,
-                              exc_info=log.isEnabledFor(logging.DEBUG))
-                summary.run_dirs = [str(d) for d in recorder.run_dirs]
-            if plot_hook is not None and hasattr(plot_hook, "close"):
-                failed = plot_hook.close()
-                if failed:
-                    log.warning("%d episode plot(s) failed; rerun them with 'gmp plot'", failed)
-    return summary
+        session.summary.recoveries = int(client.stats.get("recoveries", 0))
+        client.close()
+
+
+def _merge_batching(a: dict[str, Any] | None, b: dict[str, Any]) -> dict[str, Any]:
+    """Batch statistics of two processes as one (counts add; means weighted by their counts)."""
+    if not a:
+        return dict(b)
+    out: dict[str, Any] = {"batches": a["batches"] + b["batches"], "items": a["items"] + b["items"]}
+    sizes = {k: a["sizes"].get(k, 0) + b["sizes"].get(k, 0) for k in {*a["sizes"], *b["sizes"]}}
+    out["sizes"] = dict(sorted(sizes.items(), key=lambda kv: int(kv[0])))
+    out["mean_batch"] = round(out["items"] / out["batches"], 3) if out["batches"] else None
+    for key, weight in (("mean_queue_ms", "items"), ("mean_call_ms", "batches")):
+        total = sum((x[key] or 0.0) * x[weight] for x in (a, b))
+        out[key] = round(total / out[weight], 3) if out[weight] else None
+    return out
 
 
 def _mean(values: list[float | None]) -> float | None:
@@ -455,10 +721,93 @@ def run_eval(
 ) -> RunSummary:
     """Run ``cfg`` in this process (``processes == 1``) or over worker processes.
 
+    With ``cfg.compare_to``, every finished episode feeds the sequential paired test against that
+    recorded run (:class:`genmanip_results.compare.BaselineMonitor`): the decision is emitted as a
+    ``"decided"`` event, kept in :attr:`RunSummary.comparison` and in each ``run.json``, and with
+    ``cfg.stop_when_decided`` it ends the run.
+
     Raises:
         WorkerProcessError: a worker process died or failed (the others are stopped first).
     """
     say: Emit = emit or (lambda kind, payload: None)
+    if not cfg.compare_to:
+        return _run_eval(cfg, say, stop, grace_s)
+    from genmanip_results.compare import BaselineMonitor, load_outcomes, resolve_run
+
+    baseline = resolve_run(cfg.compare_to, cfg.results_dir)
+    monitor = BaselineMonitor(load_outcomes(baseline), alpha=cfg.alpha,
+                              **({} if cfg.delta is None else {"delta": cfg.delta}))
+    decided = threading.Event()
+    lock = threading.Lock()
+
+    def watch(kind: str, payload: dict[str, Any]) -> None:
+        say(kind, payload)
+        if kind != "episode":
+            return
+        with lock:  # (episodes arrive from every lane's thread)
+            if decided.is_set() or monitor.add(payload) is None:
+                return
+            decided.set()
+            verdict = monitor.summary()
+        say("decided", {**verdict, "baseline": str(baseline.path)})
+
+    either = _Either(stop, decided if cfg.stop_when_decided else None)
+    summary = _run_eval(cfg, watch, either, grace_s)
+    summary.comparison = {**monitor.summary(), "baseline": str(baseline.path),
+                          "stop_when_decided": cfg.stop_when_decided}
+    for d in summary.run_dirs:
+        _record_comparison(Path(d), summary.comparison)
+    return summary
+
+
+def load_launcher(name: str) -> Callable[..., RunSummary]:
+    """The ``--launcher NAME`` of the ``genmanip.launchers`` entry points (:data:`LAUNCHER_GROUP`):
+    ``launch(cfg, *, emit, stop) -> RunSummary``. Not installed: a :class:`PolicyError` whose hint
+    names what to install (from the ``genmanip.providers`` tables)."""
+    from .plugins import entry_points_of, providers
+
+    eps = [ep for ep in entry_points_of(LAUNCHER_GROUP) if ep.name == name]
+    if not eps:
+        dist = providers(LAUNCHER_GROUP).get(name)
+        err = PolicyError(
+            f"--launcher {name!r}: not installed (installed: local"
+            + "".join(f", {ep.name}" for ep in entry_points_of(LAUNCHER_GROUP)) + ")",
+            hint=f"pip install {dist}" if dist else None,
+        )
+        err.exit_code = ExitCode.NOT_INSTALLED  # type: ignore[misc]
+        raise err
+    fn = eps[0].load()
+    if not callable(fn):
+        raise PolicyError(f"--launcher {name!r}: {eps[0].value} is not callable")
+    return fn  # type: ignore[no-any-return]
+
+
+class _Either:
+    """``is_set()`` of two optional events: the caller's stop, or the comparison's decision."""
+
+    def __init__(self, a: Any, b: Any) -> None:
+        self._events = [e for e in (a, b) if e is not None]
+
+    def is_set(self) -> bool:
+        return any(e.is_set() for e in self._events)
+
+
+def _record_comparison(run_dir: Path, comparison: dict[str, Any]) -> None:
+    from genmanip_results.layout import RUN_JSON, RUN_JSON_LOCK
+    from genmanip_runtime.atomic import merge_json
+
+    def update(cur: dict[str, Any]) -> None:
+        cur["comparison"] = comparison
+
+    merge_json(run_dir / RUN_JSON, update, run_dir / RUN_JSON_LOCK)
+
+
+def _run_eval(cfg: EvalConfig, say: Emit, stop: Any, grace_s: float) -> RunSummary:
+    if cfg.segment_id is None:
+        # (one id for every process and actor of this invocation: one entry in run.json)
+        cfg = dataclasses.replace(cfg, segment_id=f"{socket.gethostname()}:{os.getpid()}:{_now()}")
+    if cfg.launcher != "local":
+        return load_launcher(cfg.launcher)(cfg, emit=say, stop=stop)
     groups = split_workers(cfg.worker_ids, cfg.processes)
     if len(groups) == 1:
         return run_workers(cfg, groups[0], emit=say, stop=stop)
@@ -551,11 +900,15 @@ def run_eval(
         summary.recoveries += r.get("recoveries", 0)
         summary.restarts += r.get("restarts", 0)
         summary.codec = summary.codec or r["codec"]
+        if r.get("batching"):
+            summary.batching = _merge_batching(summary.batching, r["batching"])
         for d in r["run_dirs"]:
             if d not in summary.run_dirs:
                 summary.run_dirs.append(d)
     summary.complete = len(results) == len(procs) and all(r["complete"] for r in results.values())
     summary.elapsed_s = time.perf_counter() - t0
+    if cfg.record:  # the processes have closed their recorders: their recordings are complete
+        summary.recorded_s = summary.elapsed_s
     if failures:
         err = WorkerProcessError("; ".join(failures), hint="; ".join(hints) or None)
         err.summary = summary  # type: ignore[attr-defined]

@@ -29,6 +29,7 @@ from .bundle import (
     default_bundle_dir,
     file_sha256,
     verify_bundle,
+    verify_zip,
 )
 from .client import DEFAULT_HOST, DEFAULT_PORT, LeaderboardClient, UploadResult, upload_timeout
 from .errors import (
@@ -58,6 +59,7 @@ from .runs import (
     completeness,
     default_roots,
     discover_runs,
+    policy_label,
     resolve_run,
     results_tree,
     run_summary,
@@ -113,6 +115,7 @@ __all__ = [
     "default_roots",
     "discover_runs",
     "file_sha256",
+    "policy_label",
     "read_flag",
     "resolve_run",
     "results_tree",
@@ -121,5 +124,6 @@ __all__ = [
     "submit_run",
     "upload_timeout",
     "verify_bundle",
+    "verify_zip",
     "write_flag",
 ]

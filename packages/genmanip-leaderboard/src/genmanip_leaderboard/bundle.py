@@ -38,8 +38,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
+from genmanip_protocol.errors import GenmanipError
 from genmanip_results.discovery import RunInfo
 from genmanip_results.fdwalk import (
     DirListing,
@@ -54,7 +55,13 @@ from genmanip_results.fdwalk import (
     open_top,
     walk,
 )
-from genmanip_results.layout import PROGRESS_JSON, RESULT_JSON, RUN_JSON, SUBMITTED_FLAG
+from genmanip_results.layout import (
+    FRAME_STORE_SUFFIX,
+    PROGRESS_JSON,
+    RESULT_JSON,
+    RUN_JSON,
+    SUBMITTED_FLAG,
+)
 from genmanip_results.paths import is_within
 
 from .errors import (
@@ -89,6 +96,7 @@ __all__ = [
     "default_bundle_dir",
     "file_sha256",
     "verify_bundle",
+    "verify_zip",
 ]
 
 BUNDLE_FORMAT = "genmanip-bundle/1"
@@ -216,6 +224,9 @@ def _skip_reason(name: str, *, include_videos: bool) -> str | None:
         return "leftover of a compression"
     if not include_videos and low.endswith(VIDEO_SUFFIXES):
         return "video/recording (use --include-videos)"
+    if name.endswith(FRAME_STORE_SUFFIX):
+        # (gmp eval --transcode deferred): with --include-videos its mp4 is made and bundled
+        return "JPEG frame store (its mp4 goes in with --include-videos)"
     return None
 
 
@@ -519,6 +530,8 @@ def build_bundle(
             f"run {run.run_id!r} has episodes without a valid score in [0, 1]: {', '.join(bad[:10])}"
         )
     target = _resolve_out(run, out)
+    if include_videos:
+        _make_videos(run)
     try:
         root_fd = open_top(run.path)
     except OSError as exc:
@@ -527,6 +540,23 @@ def build_bundle(
         return _build(run, comp, root_fd, target, out, include_videos=include_videos)
     finally:
         os.close(root_fd)
+
+
+def _make_videos(run: RunInfo) -> None:
+    """Make the H.264 mp4 of every camera of a finished episode that has only its JPEG frame store
+    (:func:`genmanip_results.frames.ensure_video`: atomic, under the episode's lock), so that
+    ``--include-videos`` bundles browser-playable videos whatever ``--transcode`` recorded."""
+    from genmanip_results.frames import ensure_video, episode_streams
+
+    for ep in run.episodes:
+        if not ep.complete:
+            continue
+        for cam, stream in episode_streams(ep.path).items():
+            if stream.video is None and stream.store is not None:
+                try:
+                    ensure_video(ep.path, cam, within=run.path, nice=10)
+                except GenmanipError as exc:
+                    raise BundleError(f"{ep.task_name}/{ep.seed}: cannot make {cam}.mp4: {exc}") from exc
 
 
 def _build(
@@ -784,6 +814,49 @@ def _manifest_files(p: str, manifest: dict[str, Any]) -> dict[str, dict[str, Any
     return listed
 
 
+def _open_zip(p: str, source: str | os.PathLike[str] | IO[bytes]) -> zipfile.ZipFile:
+    try:
+        return zipfile.ZipFile(source)
+    except OSError as exc:
+        raise BundleCorruptError(p, f"cannot be read ({exc.strerror or exc})") from exc
+    except (*_ZIP_ERRORS, NotImplementedError, RuntimeError) as exc:
+        raise BundleCorruptError(p, f"not a readable zip file ({exc})") from exc
+
+
+def _checked_infos(p: str, zf: zipfile.ZipFile, max_bytes: int) -> list[zipfile.ZipInfo]:
+    infos = zf.infolist()
+    start_dir = getattr(zf, "start_dir", None)
+    _check_structure(p, infos, start_dir if isinstance(start_dir, int) else None, max_bytes)
+    return infos
+
+
+def verify_zip(
+    source: str | os.PathLike[str] | IO[bytes],
+    *,
+    max_bytes: int = MAX_BUNDLE_BYTES,
+    name: str | None = None,
+) -> list[zipfile.ZipInfo]:
+    """The checks of :func:`verify_bundle` that hold for any zip, gmp bundle or not (no manifest
+    needed): member names, kinds, methods, encryption, declared sizes within ``max_bytes`` and
+    what the compressed data can expand to, no overlapping members (all before decompressing a
+    byte), then every member read in full (CRC-32, size bounded by its declaration).
+
+    ``source`` is a path or a seekable binary file (an upload); ``name`` is how errors name the zip
+    (default: the path). Returns the members. Raises the :class:`BundleVerifyError` tree, as
+    :func:`verify_bundle`.
+    """
+    if name is not None:
+        p = name
+    else:
+        p = os.fspath(source) if isinstance(source, (str, os.PathLike)) else "zip"
+    with _open_zip(p, source) as zf:
+        infos = _checked_infos(p, zf, max_bytes)
+        for info in infos:
+            for _chunk in _read_member(p, zf, info):
+                pass
+    return infos
+
+
 def verify_bundle(
     path: str | os.PathLike[str], *, max_bytes: int = MAX_BUNDLE_BYTES
 ) -> dict[str, Any]:
@@ -803,16 +876,8 @@ def verify_bundle(
             BundleMismatchError (exit 4), BundleMemberNameError and BundleTooLargeError (exit 9).
     """
     p = os.fspath(path)
-    try:
-        zf = zipfile.ZipFile(path)
-    except OSError as exc:
-        raise BundleCorruptError(p, f"cannot be read ({exc.strerror or exc})") from exc
-    except (*_ZIP_ERRORS, NotImplementedError, RuntimeError) as exc:
-        raise BundleCorruptError(p, f"not a readable zip file ({exc})") from exc
-    with zf:
-        infos = zf.infolist()
-        start_dir = getattr(zf, "start_dir", None)
-        _check_structure(p, infos, start_dir if isinstance(start_dir, int) else None, max_bytes)
+    with _open_zip(p, path) as zf:
+        infos = _checked_infos(p, zf, max_bytes)
         by_name = {i.filename: i for i in infos}
         if MANIFEST_NAME not in by_name:
             raise BundleManifestError(p, f"no {MANIFEST_NAME}")

@@ -20,11 +20,12 @@ from genmanip_protocol.errors import ExitCode, ValidationError, Violation
 from genmanip_runtime.config import resolve_setting, resolve_token
 from genmanip_runtime.console import Console, Progress, table
 from genmanip_runtime.redact import scrub_secrets
+from genmanip_runtime.text import safe_text
 
 from .bundle import Bundle, build_bundle
 from .client import DEFAULT_HOST, DEFAULT_PORT, LeaderboardClient
 from .errors import MissingTokenError
-from .runs import default_roots, discover_runs, resolve_run, run_summary, select_run
+from .runs import default_roots, discover_runs, policy_label, resolve_run, run_summary, select_run
 from .submit import submit_run
 
 __all__ = [
@@ -129,6 +130,7 @@ def list_runs(*, root: str | None, as_json: bool, console: Console) -> int:
                 r["benchmark"],
                 r["run_id"] + (" (live)" if r["live"] else ""),
                 r["layout"],
+                safe_text(policy_label(r["policy"]), limit=60),
                 episodes,
                 "-" if sr is None else f"{sr:.3f}",
                 sub,
@@ -136,7 +138,7 @@ def list_runs(*, root: str | None, as_json: bool, console: Console) -> int:
             ]
         )
     sys.stdout.write(
-        table(table_rows, ["BENCHMARK", "RUN ID", "LAYOUT", "EPISODES", "SR", "SUBMITTED", "UPDATED"])
+        table(table_rows, ["BENCHMARK", "RUN ID", "LAYOUT", "POLICY", "EPISODES", "SR", "SUBMITTED", "UPDATED"])
     )
     return int(ExitCode.OK)
 

@@ -186,7 +186,13 @@ class ValidationError(GenmanipProtocolError):
             raise ValueError("ValidationError needs at least one violation")
         self.violations = vs
         first = vs[0]
-        message = str(first) if len(vs) == 1 else f"{first} (and {len(vs) - 1} more)"
+        if len(vs) == 1:
+            message = str(first)
+        else:
+            # Name the other fields: a missing "action" must not hide behind "(and 1 more)".
+            others = list(dict.fromkeys(v.field for v in vs[1:]))
+            shown = ", ".join(others[:4]) + (", ..." if len(others) > 4 else "")
+            message = f"{first} (and {len(vs) - 1} more: {shown})"
         super().__init__(message, hint=hint)
 
     # Convenience accessors for the (usual) single-violation case.

@@ -38,6 +38,7 @@ from genmanip_protocol.schema import TaskMetric, is_success, parse_metric
 from .layout import (
     EPISODE_RRD,
     EVAL_RESULTS_DIR,
+    FRAME_STORE_SUFFIX,
     INCOMPLETE,
     LOCK_SUFFIX,
     META_RECORD,
@@ -108,7 +109,7 @@ class EpisodeInfo:
     server layout, ``result.json`` for the client layout). ``score`` is in [0, 1]; ``success`` is
     ``score == 1`` within 1e-6 (``None`` while incomplete). ``steps`` is the number of executed
     actions when known. ``videos`` maps camera names (file stems, e.g. ``left_camera``) to mp4
-    files. ``error`` explains a corrupt or unreadable result file. ``mtime`` is epoch seconds.
+    files, or to the camera's JPEG frame store (``<camera>.jpegs``) when it has no mp4 yet. ``error`` explains a corrupt or unreadable result file. ``mtime`` is epoch seconds.
     ``root`` is the resolved directory the episode was found under (the scanned root, or the run
     directory for :func:`load_episode`): readers of its files open them within it
     (:func:`genmanip_results.paths.open_within`); ``None`` means the episode directory itself.
@@ -421,6 +422,11 @@ def _build_episode(
     for name in sorted(files):
         if name.endswith(VIDEO_SUFFIX) and not name.startswith("."):
             videos[name[: -len(VIDEO_SUFFIX)]] = files[name]
+    # A camera recorded without an mp4 yet (``--transcode deferred``) is read from its JPEG frame
+    # store; every video reader takes either (genmanip_results.video / .frames).
+    for name in sorted(files):
+        if name.endswith(FRAME_STORE_SUFFIX) and not name.startswith("."):
+            videos.setdefault(name[: -len(FRAME_STORE_SUFFIX)], files[name])
     rrd = files.get(EPISODE_RRD)
     if rrd is None:
         rrds = sorted(n for n in files if n.endswith(RRD_SUFFIX))

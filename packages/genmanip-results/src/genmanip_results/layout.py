@@ -19,7 +19,8 @@ Which directories are results roots is :mod:`genmanip_results.roots`. Two layout
       <results_root>/<benchmark>/<run_id>/run.json (+ .run.json.lock)
           .live/<worker_id>/                      live-view files (eval writes, viz reads)
           <task_name>/episode_result.json (+ episode_result.lock)
-          <task_name>/<seed>/steps.jsonl, <camera>.mp4, result.json, INCOMPLETE,
+          <task_name>/<seed>/steps.jsonl, <camera>.jpegs and/or <camera>.mp4, result.json,
+                             INCOMPLETE, .video.lock, <camera>.mp4.part (a video being made),
                              .frames/<camera>.jpegs, .awaiting_result.<pid>.json,
                              .pending_result.<pid>.json
 """
@@ -114,6 +115,15 @@ RRD_SUFFIX = ".rrd"
 #: The JPEG frame spool of an episode being recorded: ``.frames/<camera>.jpegs``.
 FRAMES_DIR = ".frames"
 FRAME_SPOOL_SUFFIX = ".jpegs"
+#: The finished frame store of a camera: ``<camera>.jpegs`` next to ``steps.jsonl``; the JPEG
+#: frames as received, in the spool's format (big-endian u32 length + JPEG bytes per frame), moved
+#: out of ``.frames/`` once the episode is complete. Read it with :mod:`genmanip_results.frames`.
+FRAME_STORE_SUFFIX = ".jpegs"
+#: The lock an episode's H.264 videos are made under (:func:`genmanip_results.frames.ensure_video`;
+#: hidden, empty, left in place like every lock file).
+VIDEO_LOCK = ".video.lock"
+#: A video being made is ``<camera>.mp4.part`` until it is renamed into place.
+VIDEO_PART_SUFFIX = ".mp4.part"
 #: Recovery notes (docs/architecture.md): ``.awaiting_result.<pid>.json`` (everything but the
 #: result) and ``.pending_result.<pid>.json`` (the result too; videos outstanding).
 AWAITING_NOTE_PREFIX = ".awaiting_result."
@@ -153,3 +163,4 @@ GENERATED_MANIFEST = ".gmp-generated.jsonl"
 CACHE_DIR_TAG = "CACHEDIR.TAG"
 
 __all__ += ["CACHE_DIR_TAG", "GENERATED_MANIFEST"]  # appended: the list above stays as it was
+__all__ += ["FRAME_STORE_SUFFIX", "VIDEO_LOCK", "VIDEO_PART_SUFFIX"]

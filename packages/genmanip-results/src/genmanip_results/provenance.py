@@ -47,6 +47,7 @@ from .layout import CACHE_DIR_TAG, GENERATED_MANIFEST
 __all__ = [
     "CACHE_TAG_SIGNATURE",
     "CATEGORY_PLOTS",
+    "CATEGORY_VIDEOS",
     "CATEGORY_VIEWER_CACHE",
     "COMPACT_AT",
     "MAX_MANIFEST_BYTES",
@@ -65,6 +66,9 @@ __all__ = [
 #: Categories a record may carry (``gmp clean``'s category names).
 CATEGORY_PLOTS = "plots"
 CATEGORY_VIEWER_CACHE = "viewer-cache"
+#: H.264 videos made from an episode's JPEG frame store (:func:`genmanip_results.frames.ensure_video`):
+#: remakeable from the store, so ``gmp clean --videos`` may remove them while the store is there.
+CATEGORY_VIDEOS = "videos"
 
 #: A manifest larger than this is not read at all (it proves nothing: files are kept).
 MAX_MANIFEST_BYTES = 4 << 20

@@ -175,6 +175,10 @@ class EpisodeSeries:
         rows: rows read (non-blank lines of ``steps.jsonl``; records of ``meta_record.pkl``).
         issues: every problem found, in file order (see the module docstring).
         notes: findings about the episode as a whole added by a caller (e.g. "unknown robot").
+        containment: the directory every file of the episode must resolve inside (the discovery's
+            :attr:`~genmanip_results.discovery.EpisodeInfo.containment`): readers of ``videos``
+            open them within it (:func:`genmanip_results.video.read_video_frames` ``within=``);
+            ``None`` (a series built by hand): the episode directory.
     """
 
     path: Path
@@ -201,6 +205,7 @@ class EpisodeSeries:
     rows: int
     issues: tuple[SeriesIssue, ...] = ()
     notes: tuple[str, ...] = ()
+    containment: Path | None = None
 
     @property
     def n_steps(self) -> int:
@@ -974,4 +979,5 @@ def load_series(episode: EpisodeInfo | str | os.PathLike[str]) -> EpisodeSeries:
         videos=order_cameras({str(k): Path(v) for k, v in info.videos.items()}),
         rows=parsed.rows,
         issues=tuple(parsed.issues),
+        containment=info.containment,
     )

@@ -448,22 +448,76 @@ _STREAM_RE = re.compile(
 _FPS_RE = re.compile(r"(?P<fps>[\d.]+) fps")
 
 
-def video_info(path: str | os.PathLike[str], *, timeout: float = 120.0) -> VideoInfo:
+@contextlib.contextmanager
+def _ffmpeg_input(
+    path: Path, within: str | os.PathLike[str] | None
+) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """``(input, descriptors to pass)`` for an ffmpeg reading ``path``.
+
+    Without ``within``: the name. With it: the file opened by
+    :func:`genmanip_results.paths.open_within` (a regular file inside ``within`` with every link
+    resolved) and given to ffmpeg as that descriptor (``/dev/fd/N``), so that a symlink swapped in
+    after the check cannot redirect what ffmpeg reads.
+    """
+    if within is None:
+        yield str(path), ()
+        return
+    from .paths import open_within
+
+    try:
+        fh = open_within(path, within, field="video")
+    except FileNotFoundError:
+        raise VideoError(f"no such video file: {path}") from None
+    except OSError as exc:
+        raise VideoError(f"cannot open video {path}: {exc.strerror or exc}") from exc
+    with fh:
+        if os.name != "posix":  # no descriptor passing: the name, checked just now
+            yield str(path), ()
+            return
+        fd = fh.fileno()
+        yield f"/dev/fd/{fd}", (fd,)
+
+
+def _is_store(path: Path) -> bool:
+    """A JPEG frame store (``<camera>.jpegs``, :mod:`genmanip_results.frames`), not a video file."""
+    from .layout import FRAME_STORE_SUFFIX
+
+    return path.name.endswith(FRAME_STORE_SUFFIX)
+
+
+def video_info(
+    path: str | os.PathLike[str],
+    *,
+    timeout: float = 120.0,
+    within: str | os.PathLike[str] | None = None,
+) -> VideoInfo:
     """Frame count, size, codec name, pixel format and frame rate of ``path``'s first video stream.
 
     Frames are counted by remuxing to the null muxer (no decoding), so it is fast for long files.
+    A JPEG frame store (``<camera>.jpegs``) is read by :func:`genmanip_results.frames.store_info`
+    (codec ``mjpeg``): every reader takes a camera's store or its video alike.
+    ``within``: a results root; the file is read only when it opens inside it
+    (:func:`genmanip_results.paths.open_within`: ``UnsafePathError`` otherwise), and ffmpeg reads
+    the opened file, never the name.
     """
     p = Path(path)
-    if not p.is_file():
+    if _is_store(p):
+        from .frames import store_info
+
+        return store_info(p, within=within)
+    if within is None and not p.is_file():
         raise VideoError(f"no such video file: {p}")
-    args = [
-        ffmpeg_executable(), "-nostdin", "-hide_banner", "-i", str(p), "-map", "0:v:0", "-c", "copy",
-        "-f", "null", "-progress", "pipe:1", "-nostats", "-",
-    ]  # fmt: skip
-    try:
-        res = subprocess.run(args, capture_output=True, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired:
-        raise VideoError(f"probing {p} took longer than {timeout}s") from None
+    with _ffmpeg_input(p, within) as (src, fds):
+        args = [
+            ffmpeg_executable(), "-nostdin", "-hide_banner", "-i", src, "-map", "0:v:0", "-c",
+            "copy", "-f", "null", "-progress", "pipe:1", "-nostats", "-",
+        ]  # fmt: skip
+        try:
+            res = subprocess.run(
+                args, capture_output=True, timeout=timeout, check=False, pass_fds=fds
+            )
+        except subprocess.TimeoutExpired:
+            raise VideoError(f"probing {p} took longer than {timeout}s") from None
     err = res.stderr.decode("utf-8", "replace")
     if res.returncode != 0:
         raise FfmpegError(
@@ -486,33 +540,59 @@ def video_info(path: str | os.PathLike[str], *, timeout: float = 120.0) -> Video
     )
 
 
-def probe_video(path: str | os.PathLike[str]) -> tuple[int, int, int]:
-    """``(n_frames, width, height)`` of ``path``'s first video stream."""
-    info = video_info(path)
+def probe_video(
+    path: str | os.PathLike[str], *, within: str | os.PathLike[str] | None = None
+) -> tuple[int, int, int]:
+    """``(n_frames, width, height)`` of ``path``'s first video stream (``within``: as for
+    :func:`video_info`)."""
+    info = video_info(path, within=within)
     return info.n_frames, info.width, info.height
 
 
 def read_video_frames(
-    path: str | os.PathLike[str], *, size: tuple[int, int] | None = None
+    path: str | os.PathLike[str],
+    *,
+    size: tuple[int, int] | None = None,
+    within: str | os.PathLike[str] | None = None,
 ) -> Iterator[np.ndarray]:
     """Yield the frames of ``path`` as ``(H, W, 3)`` uint8 RGB arrays, decoded by ffmpeg.
 
+    ``path`` may be a video or a JPEG frame store (``<camera>.jpegs``: decoded frame by frame by
+    :func:`genmanip_results.frames.decode_store_frames`).
+
     ``size=(width, height)`` has ffmpeg scale the frames while decoding (area filter): far cheaper
     than resizing in Python and less data through the pipe. Stopping the iteration early
-    (``break``, ``close()``) stops ffmpeg.
+    (``break``, ``close()``) stops ffmpeg. ``within``: a results root, as for :func:`video_info`
+    (the file is opened inside it and ffmpeg decodes the opened file).
     """
-    info = video_info(path)
+    if _is_store(Path(path)):
+        from .frames import decode_store_frames
+
+        yield from decode_store_frames(path, size=size, within=within)
+        return
+    info = video_info(path, within=within)
     width, height = (info.width, info.height) if size is None else (int(size[0]), int(size[1]))
     if width <= 0 or height <= 0:
         raise VideoError(f"size: expected positive (width, height), got {size!r}")
-    frame_bytes = width * height * 3
     scale = [] if size is None else ["-vf", f"scale={width}:{height}:flags=area"]
-    args = [
-        ffmpeg_executable(), "-nostdin", "-loglevel", "error", "-i", str(path), "-map", "0:v:0",
-        *scale, "-f", "rawvideo", "-pix_fmt", "rgb24", "pipe:1",
-    ]  # fmt: skip
+    with _ffmpeg_input(Path(path), within) as (src, fds):
+        args = [
+            ffmpeg_executable(), "-nostdin", "-loglevel", "error", "-i", src, "-map", "0:v:0",
+            *scale, "-f", "rawvideo", "-pix_fmt", "rgb24", "pipe:1",
+        ]  # fmt: skip
+        yield from _decode_frames(args, fds, path=path, size=(width, height))
+
+
+def _decode_frames(
+    args: list[str], fds: tuple[int, ...], *, path: str | os.PathLike[str], size: tuple[int, int]
+) -> Iterator[np.ndarray]:
+    """The frames ffmpeg (``args``, reading the descriptors ``fds``) writes to its stdout."""
+    width, height = size
+    frame_bytes = width * height * 3
     with tempfile.TemporaryFile() as errf:
-        proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errf)
+        proc = subprocess.Popen(
+            args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errf, pass_fds=fds
+        )
         assert proc.stdout is not None
         finished = False
         try:

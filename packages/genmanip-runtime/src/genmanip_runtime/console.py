@@ -33,7 +33,7 @@ from typing import Any, TextIO
 from .redact import scrub_secrets
 from .text import safe_text
 
-__all__ = ["STYLES", "Console", "Progress", "StatusLine", "format_duration", "table"]
+__all__ = ["STYLES", "Console", "Progress", "StatusLine", "format_duration", "table", "write_above_live"]
 
 #: ANSI SGR codes understood by :meth:`Console.style`.
 STYLES: dict[str, str] = {
@@ -222,9 +222,11 @@ class _LiveLine:
         raise NotImplementedError
 
     def _attach(self) -> None:
+        global _ACTIVE
         if self.live:
             with self.console.lock:
                 self.console._live = self
+                _ACTIVE = self
                 self._draw(force=True)
 
     def __exit__(
@@ -258,6 +260,7 @@ class _LiveLine:
                 self.console.stream.flush()
             if self.console._live is self:
                 self.console._live = None
+        _forget(self)
 
     # -- drawing (caller holds console.lock) ---------------------------------------------------
 
@@ -444,3 +447,30 @@ def table(
     lines = [fmt(shown, header=True), "  ".join("-" * w for w in widths)]
     lines.extend(fmt(r) for r in cells)
     return "\n".join(lines) + "\n"
+
+
+#: The live line on the terminal, if any (at most one is drawn at a time): what
+#: :func:`write_above_live` clears and redraws around text written outside a Console.
+_ACTIVE: _LiveLine | None = None
+
+
+def _forget(line: _LiveLine) -> None:
+    global _ACTIVE
+    if _ACTIVE is line:
+        _ACTIVE = None
+
+
+def write_above_live(stream: TextIO, text: str) -> None:
+    """Write ``text`` to ``stream`` without writing onto a live progress line drawn there: the
+    line is cleared first and drawn again after (log records of gmp's logging handler come this
+    way). ``text`` is written as given: format and make it safe before."""
+    live = _ACTIVE
+    if live is None or live.console.stream is not stream:
+        stream.write(text)
+        stream.flush()
+        return
+    with live.console.lock:
+        live._clear()
+        stream.write(text)
+        live._draw(force=True)
+        stream.flush()

@@ -13,6 +13,9 @@ Tree (every class carries an ``exit_code``)::
           UnexpectedReply            5  a 2xx reply the caller cannot use (content type, empty)
           HTTPStatusError            5  a non-2xx status (status, detail)
             AuthError                8  401/403
+
+    KeyboardInterrupt (builtin)
+      RequestAborted                 a request or retry wait ended by ``HttpTransport.abort()``
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ __all__ = [
     "HTTPStatusError",
     "InsecureTransportError",
     "LockTimeout",
+    "RequestAborted",
     "RequestTimeout",
     "ResponseTooLarge",
     "TransportError",
@@ -76,6 +80,12 @@ class TransportError(GenmanipRuntimeError):
     """
 
     exit_code = ExitCode.REMOTE_ERROR
+    #: False when trying again cannot help (https:// against a plain-HTTP server, an untrusted
+    #: certificate): :func:`genmanip_runtime.retry.retry_call` then raises it at once.
+    retryable: bool = True
+    #: True when the reply shows that the server is not the service the transport was built for
+    #: (an HTML page where a GenManip server answers JSON): a wrong URL, not a failing server.
+    not_service: bool = False
 
     def __init__(
         self,
@@ -159,3 +169,27 @@ class AuthError(HTTPStatusError):
     """401/403: the token is missing or was rejected. The token itself is never in the message."""
 
     exit_code = ExitCode.AUTH
+
+
+class RequestAborted(KeyboardInterrupt):
+    """A request, or a retry's wait, was ended by :meth:`HttpTransport.abort` (or the interrupt
+    event of :func:`~genmanip_runtime.retry.retry_call`), typically called from another thread.
+
+    A :class:`KeyboardInterrupt`, not a :class:`GenmanipRuntimeError`: it means "stop now", exactly
+    like a Ctrl-C, so no retry loop or ``except Exception`` swallows it, and code that already
+    handles a Ctrl-C mid-request handles it the same way. ``sent``/``maybe_executed`` as for
+    :class:`TransportError`: whether the aborted request may have reached the server and run.
+    """
+
+    def __init__(
+        self, message: str = "aborted", *, route: str = "", sent: bool = False,
+        maybe_executed: bool = False,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.route = route
+        self.sent = sent
+        self.maybe_executed = maybe_executed
+
+    def __str__(self) -> str:
+        return self.message

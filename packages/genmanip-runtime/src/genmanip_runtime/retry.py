@@ -8,9 +8,12 @@ last error is raised (annotated with the number of attempts) instead of a generi
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import TypeVar
+
+from .errors import RequestAborted
 
 __all__ = ["Backoff", "RetryPredicate", "retry_call"]
 
@@ -115,23 +118,34 @@ def retry_call(
     backoff: Backoff | None = None,
     sleep: Callable[[float], None] = time.sleep,
     on_retry: Callable[[int, BaseException, float], None] | None = None,
+    interrupt: threading.Event | None = None,
 ) -> T:
     """Call ``fn()`` until it returns, retrying errors accepted by ``retry_on``.
 
     ``on_retry(attempt, error, delay)`` is called before each sleep (``attempt`` is the 1-based
     number of the failed attempt). When the backoff is exhausted (deadline or ``max_attempts``)
     the last error is raised with ``error.attempts`` set and the count in its message
-    (``GenmanipError``: ``"... (gave up after N attempts)"``; other exceptions: a note). Errors not accepted by ``retry_on`` propagate at once.
+    (``GenmanipError``: ``"... (gave up after N attempts)"``; other exceptions: a note). Errors not accepted by ``retry_on``, and errors whose ``retryable`` is
+    False (:attr:`~genmanip_runtime.errors.TransportError.retryable`), propagate at once.
+
+    ``interrupt``: once this event is set (from any thread) no further attempt starts and a
+    wait between attempts ends at once: :class:`~genmanip_runtime.errors.RequestAborted` is raised
+    (chained to the last error). The waits then go through ``interrupt.wait`` instead of ``sleep``.
+    A ``RequestAborted`` raised by ``fn`` is never retried.
     """
     policy = backoff if backoff is not None else Backoff(max_attempts=3)
     delays = iter(policy)
     attempt = 0
     while True:
         attempt += 1
+        if interrupt is not None and interrupt.is_set():
+            raise RequestAborted("interrupted before an attempt")
         try:
             return fn()
         except BaseException as exc:
-            if not _matches(exc, retry_on):
+            # An error that knows trying again cannot help (TransportError.retryable) is final.
+            final = getattr(exc, "retryable", True) is False
+            if final or isinstance(exc, RequestAborted) or not _matches(exc, retry_on):
                 raise
             delay = next(delays, None)
             if delay is None:
@@ -139,7 +153,10 @@ def retry_call(
                 raise
             if on_retry is not None:
                 on_retry(attempt, exc, delay)
-            sleep(delay)
+            if interrupt is None:
+                sleep(delay)
+            elif interrupt.wait(delay):
+                raise RequestAborted(f"interrupted while waiting to retry ({exc})") from exc
 
 
 def _annotate(exc: BaseException, attempts: int) -> None:

@@ -6,18 +6,23 @@
   package above this one passes its own, e.g. ``genmanip_results.layout.RESULTS_DIR_ENV``).
 * :func:`make_tls_files`: a throwaway CA and a server certificate for ``127.0.0.1``/``localhost``
   (needs ``trustme``, a test dependency), for real local HTTPS.
+* :func:`silent_server`: a TCP server on 127.0.0.1 that accepts connections and never answers
+  (what deadlines and interrupts are tested against).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+import socket
+import threading
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from .config import CONFIG_ENV
 
-__all__ = ["ISOLATED_UNSET", "TLSFiles", "isolate_environment", "make_tls_files"]
+__all__ = ["ISOLATED_UNSET", "TLSFiles", "isolate_environment", "make_tls_files", "silent_server"]
 
 #: Variables :func:`isolate_environment` always unsets: tokens, endpoints, the cache location.
 ISOLATED_UNSET: tuple[str, ...] = (
@@ -79,3 +84,33 @@ def make_tls_files(directory: Path) -> TLSFiles:
     cert.private_key_and_cert_chain_pem.write_to_path(str(files.cert))
     cert.private_key_pem.write_to_path(str(files.key))
     return files
+
+
+@contextlib.contextmanager
+def silent_server() -> Iterator[str]:
+    """``with silent_server() as url:``: ``http://127.0.0.1:PORT`` of a server that accepts every
+    connection, reads nothing and never answers (until the block ends)."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def serve() -> None:
+        srv.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                held.append(srv.accept()[0])
+            except OSError:
+                continue
+
+    t = threading.Thread(target=serve, name="gmp-silent-server", daemon=True)
+    t.start()
+    try:
+        yield f"http://127.0.0.1:{srv.getsockname()[1]}"
+    finally:
+        stop.set()
+        t.join(2)
+        for c in held:
+            c.close()
+        srv.close()

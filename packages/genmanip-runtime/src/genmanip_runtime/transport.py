@@ -26,17 +26,21 @@ per call (the reference client) costs more again. What this module adds over bar
   turned off (an extra CA file can be trusted instead).
 
 An :class:`HttpTransport` is safe to share between threads, but calls are serialised on its one
-connection: give each worker thread its own transport for parallelism.
+connection: give each worker thread its own transport for parallelism. :meth:`HttpTransport.abort`
+(from any thread) ends the call in progress at once and refuses later ones, raising
+:class:`~genmanip_runtime.errors.RequestAborted`, until :meth:`HttpTransport.rearm`.
 """
 
 from __future__ import annotations
 
+import errno
 import http.client
 import io
 import json as _json
 import logging
 import math
 import os
+import re
 import secrets
 import select
 import socket
@@ -55,6 +59,7 @@ from .errors import (
     AuthError,
     ConnectError,
     HTTPStatusError,
+    RequestAborted,
     RequestTimeout,
     ResponseTooLarge,
     TransportError,
@@ -104,6 +109,9 @@ _READ_BUFFER = 64 * 1024
 _SNIPPET = 80
 
 _QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
+#: How often a connect in progress looks at the abort flag (a connect is otherwise instantaneous
+#: on a reachable host; this bounds how long an abort waits for one to a black-holed address).
+_CONNECT_SLICE_S = 0.05
 
 def build_base_url(url: str | None = None, host: str | None = None, port: int | None = None,
                    *, scheme: str = "http") -> str:
@@ -153,6 +161,8 @@ class Response:
     scrub_token: str | None = field(default=None, repr=False, compare=False)
     #: What the server should be ("a GenManip eval server"), named when a reply is not one's.
     service: str | None = field(default=None, repr=False, compare=False)
+    #: The environment variable the token comes from (``"GMP_TOKEN"``), named by a 401's hint.
+    token_env: str | None = field(default=None, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -253,28 +263,67 @@ def _reason(resp: Response, token: str | None) -> str:
     return reason or http.client.responses.get(resp.status, "")
 
 
+_TITLE = re.compile(rb"<title[^>]*>(.*?)</title", re.IGNORECASE | re.DOTALL)
+
+
+def _html_page(resp: Response) -> str | None:
+    """``"an HTML page"`` (with its title) when the body is one, else None: never quoted whole."""
+    head = resp.body[:512].lstrip().lower()
+    if not (resp.content_type in ("text/html", "application/xhtml+xml")
+            or head.startswith((b"<!doctype html", b"<html"))):
+        return None
+    m = _TITLE.search(resp.body[:4096])
+    title = safe_text(m.group(1).decode("utf-8", "replace").strip(), limit=60) if m else ""
+    return f"an HTML page titled {title!r}" if title else "an HTML page"
+
+
+#: Statuses that say something about the request or a gateway rather than about which server this
+#: is: an HTML page with one of them is a proxy's or a login's, not proof of a wrong server.
+_NOT_IDENTIFYING = frozenset({401, 403, 407, 429, 502, 503, 504})
+
+
+def _not_service_text(service: str) -> str:
+    return (f"this does not look like {service} (GET /docs on the server shows what it is; "
+            "a GenManip eval server answers JSON, not HTML pages)")
+
+
 def _unexpected_reply(resp: Response, expect: str, token: str | None) -> UnexpectedReply:
     got = resp.content_type
+    page = _html_page(resp) if resp.body else None
     if not resp.body:
         sent = "an empty body"
+    elif page is not None:
+        sent = f"{page} ({len(resp.body):,} bytes)"
     else:
         shown = safe_text(got, limit=_REASON_MAX) if got else "no Content-Type"
         sent = f"{shown} ({len(resp.body):,} bytes, starting {_snippet(resp.body, token)!r})"
     msg = (f"{resp.method} {resp.route}: the server answered HTTP {resp.status} "
            f"{_reason(resp, token)} with {sent}, expected {expect}")
     if resp.service:
-        msg += f": this does not look like {resp.service}"
-    return UnexpectedReply(
+        msg += ": " + (_not_service_text(resp.service) if page is not None
+                       else f"this does not look like {resp.service}")
+    err = UnexpectedReply(
         msg, status=resp.status, content_type=got, expected=expect, route=resp.route,
         hint="check the URL: is it the server itself (not a proxy's login or error page)?",
     )
+    err.not_service = resp.service is not None and page is not None
+    return err
 
 
 def _status_error(resp: Response, token: str | None) -> HTTPStatusError:
-    detail = _scrub(resp.detail(), token)
+    page = _html_page(resp)
+    # An HTML page is never dumped into a message (it is a page, not an error text).
+    detail = page or _scrub(resp.detail(), token)
     status = resp.status
     msg = f"{resp.method} {resp.route} failed: HTTP {status} {_reason(resp, token)}".rstrip()
     hint: str | None = None
+    not_service = False
+    if page is not None and resp.service and 400 <= status and status not in _NOT_IDENTIFYING:
+        # A wrong port (gmp viz, a web server): say so instead of blaming the server.
+        not_service = True
+        msg += f" with {page}: {_not_service_text(resp.service)}"
+        hint = "check --url / --host / --port: they name some other web server"
+        detail = ""
     if 300 <= status < 400:
         location = resp.headers.get("location")
         if location:
@@ -305,13 +354,17 @@ def _status_error(resp: Response, token: str | None) -> HTTPStatusError:
     if hint is not None:
         kwargs["hint"] = hint
     if resp.status in (401, 403):
-        return AuthError(
-            msg,
-            hint="the token is missing or was rejected: pass --token, set the token environment "
-            "variable, or add it to the config file",
-            **kwargs,
-        )
-    return HTTPStatusError(msg, **kwargs)
+        env = f"${resp.token_env}" if resp.token_env else "the token environment variable"
+        if token:
+            hint = (f"the token was rejected: check the one in {env}, the config file "
+                    "(token / token_file) or --token")
+        else:
+            hint = (f"the server wants a token and none was sent: set {env}, add token or "
+                    "token_file to the config file, or pass --token")
+        return AuthError(msg, hint=hint, **kwargs)
+    err = HTTPStatusError(msg, **kwargs)
+    err.not_service = not_service
+    return err
 
 
 class HttpTransport:
@@ -330,7 +383,10 @@ class HttpTransport:
             within the call's deadline.
         max_reply_bytes: default largest reply body accepted (:data:`DEFAULT_MAX_REPLY_BYTES`).
         service: what the server should be, e.g. ``"a GenManip eval server"``: named in the
-            error about a reply that is not one's (a redirect, an HTML page).
+            error about a reply that is not one's (a redirect, an HTML page). Said in full once
+            per transport; later errors from the same server refer to it briefly.
+        token_env: the environment variable the token is read from (``"GMP_TOKEN"``): named in
+            the hint of a 401/403.
     """
 
     def __init__(
@@ -345,6 +401,7 @@ class HttpTransport:
         connect_timeout: float | None = None,
         max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
         service: str | None = None,
+        token_env: str | None = None,
     ) -> None:
         parts = urllib.parse.urlsplit(base_url.strip())
         if parts.scheme not in ("http", "https"):
@@ -385,6 +442,8 @@ class HttpTransport:
             self._headers.update(headers)
         self.max_reply_bytes = int(max_reply_bytes)
         self.service = service
+        self.token_env = token_env
+        self._said_not_service = False
         self._conn: http.client.HTTPConnection | None = None
         # The current call's deadline, read by every connection's reply parser before each recv.
         self._deadline = _Deadline()
@@ -392,6 +451,7 @@ class HttpTransport:
         self._last_used = 0.0
         self._exchanges = 0  # completed exchanges on the current connection
         self._lock = threading.RLock()
+        self._init_abort()
         #: Connections opened so far (1 + reconnects); for diagnostics and tests.
         self.connections_opened = 0
         # Evaluation servers often run on a private network without TLS (as the reference client
@@ -413,6 +473,37 @@ class HttpTransport:
                 self._headers.pop(name, None)
             else:
                 self._headers[name] = value
+
+    def abort(self) -> None:
+        """End the request in progress now and refuse every later one, until :meth:`rearm`.
+
+        Callable from any thread, idempotent. The socket of the exchange in progress is shut down,
+        so a blocked connect, send or receive returns at once; that call, and every later call of
+        this transport, raises :class:`~genmanip_runtime.errors.RequestAborted` (its ``sent`` and
+        ``maybe_executed`` say whether the request may have reached the server). A reply already
+        read whole is returned normally.
+        """
+        with self._sock_lock:
+            self._aborted.set()
+            for sock in (self._connecting, self._conn.sock if self._conn is not None else None):
+                if sock is None:
+                    continue
+                try:
+                    # (the base class's shutdown: an SSLSocket's would also drop its TLS state,
+                    # which the thread reading through it still uses)
+                    socket.socket.shutdown(sock, socket.SHUT_RDWR)
+                except (OSError, ValueError):
+                    pass  # not connected yet, or already closed
+
+    def rearm(self) -> None:
+        """Accept requests again after :meth:`abort` (the next one opens a new connection)."""
+        with self._sock_lock:
+            self._aborted.clear()
+
+    @property
+    def aborted(self) -> bool:
+        """Whether :meth:`abort` was called (and not followed by :meth:`rearm`)."""
+        return self._aborted.is_set()
 
     def request(
         self,
@@ -473,6 +564,7 @@ class HttpTransport:
             attempt = 0
             while True:
                 attempt += 1
+                self._check_aborted(method, route)
                 reused = self._prepare(route)
                 t0 = time.perf_counter()
                 try:
@@ -481,6 +573,7 @@ class HttpTransport:
                     # The connection died before any reply byte. On a reused connection this is
                     # usually the server having closed it just now: resend once if allowed.
                     self._drop()
+                    self._check_aborted(method, route, exc.cause, sent=True)
                     if reused and idempotent and attempt == 1:
                         _log.debug("%s %s: reused connection was dead (%s); resending",
                                    method, route, exc.cause)
@@ -499,6 +592,7 @@ class HttpTransport:
                     raise exc.error(method, route, max_bytes) from None
                 except TimeoutError as exc:
                     self._drop()
+                    self._check_aborted(method, route, exc, sent=True)
                     raise RequestTimeout(
                         f"{method} {route} timed out after {limit:g} s",
                         timeout=limit,
@@ -508,6 +602,7 @@ class HttpTransport:
                     ) from exc
                 except (OSError, http.client.HTTPException) as exc:
                     self._drop()
+                    self._check_aborted(method, route, exc, sent=True)
                     raise TransportError(
                         f"{method} {route}: connection to {self.base_url} failed while reading "
                         f"the reply ({_describe(exc)})",
@@ -525,9 +620,19 @@ class HttpTransport:
             elapsed = time.perf_counter() - t0
             self._finished(status, will_close)
         response = Response(status, rheaders, data, elapsed, method, route, reason, self._token,
-                            self.service)
+                            self.service, self.token_env)
         if raise_for_status:
-            response.raise_for_status(expect=expect)
+            try:
+                response.raise_for_status(expect=expect)
+            except TransportError as exc:
+                if exc.not_service:
+                    if self._said_not_service:
+                        # Once is enough: a cleanup call after the first error says it briefly.
+                        exc.message = (f"{method} {route} failed: HTTP {status} (the server at "
+                                       f"{self.base_url} is not {self.service})")
+                        exc.hint = None
+                    self._said_not_service = True
+                raise
         return response
 
     def get(self, path: str, **kwargs: Any) -> Response:
@@ -589,6 +694,7 @@ class HttpTransport:
 
         with self._lock:
             self._deadline.start(limit)
+            self._check_aborted(method, route)
             self._prepare(route)
             conn = self._conn
             assert conn is not None
@@ -630,12 +736,14 @@ class HttpTransport:
                 raise exc.error(method, route, max_bytes) from None
             except TimeoutError as exc:
                 self._drop()
+                self._check_aborted(method, route, exc, sent=sent > 0, executed=sent >= total)
                 raise RequestTimeout(
                     f"{method} {route} timed out after {limit:g} s ({sent} of {total} bytes sent)",
                     timeout=limit, route=route, sent=sent > 0, maybe_executed=sent >= total,
                 ) from exc
             except (OSError, http.client.HTTPException) as exc:
                 self._drop()
+                self._check_aborted(method, route, exc, sent=sent > 0, executed=sent >= total)
                 raise TransportError(
                     f"{method} {route}: upload to {self.base_url} failed after {sent} of {total} "
                     f"bytes ({_describe(exc)})",
@@ -678,11 +786,14 @@ class HttpTransport:
         state["_ssl"] = None
         state["_deadline"] = None
         state["_response_class"] = None  # a class made per transport: not picklable
+        for name in ("_aborted", "_sock_lock", "_connecting"):
+            state[name] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.RLock()
+        self._init_abort()
         self._deadline = _Deadline()
         self._response_class = _response_class(self._deadline)
         self._exchanges = 0
@@ -690,6 +801,70 @@ class HttpTransport:
             self._ssl = ssl.create_default_context(cafile=self._ca_file)
 
     # -- internals -----------------------------------------------------------------------------
+
+    def _init_abort(self) -> None:
+        self._aborted = threading.Event()
+        # Guards the sockets abort() shuts down against their closing (never held during I/O).
+        self._sock_lock = threading.Lock()
+        self._connecting: socket.socket | None = None
+
+    def _check_aborted(
+        self, method: str, route: str, cause: BaseException | None = None, *, sent: bool = False,
+        executed: bool | None = None,
+    ) -> None:
+        """Raise :class:`RequestAborted` if :meth:`abort` was called (``cause``: what the abort
+        made the exchange fail with; ``sent``: whether the request may have reached the server)."""
+        if not self._aborted.is_set():
+            return
+        when = "while waiting for the reply" if sent else "before sending"
+        raise RequestAborted(
+            f"{method} {route}: aborted {when}", route=route, sent=sent,
+            maybe_executed=sent if executed is None else executed,
+        ) from cause
+
+    def _open_socket(
+        self, address: tuple[str, int], timeout: float | None = None,
+        source_address: tuple[str, int] | None = None,
+    ) -> socket.socket:
+        """``socket.create_connection`` that :meth:`abort` can cut short (http.client's hook)."""
+        host, port = address
+        limit = self.connect_timeout if timeout is None else timeout
+        last: OSError | None = None
+        for af, socktype, proto, _, sa in socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM):
+            sock = socket.socket(af, socktype, proto)
+            with self._sock_lock:
+                self._connecting = sock
+            try:
+                if source_address:
+                    sock.bind(source_address)
+                sock.setblocking(False)
+                end = time.monotonic() + limit
+                rc = sock.connect_ex(sa)
+                while rc in (errno.EINPROGRESS, errno.EWOULDBLOCK, errno.EALREADY, errno.EINTR):
+                    if self._aborted.is_set():
+                        raise OSError(errno.ECONNABORTED, "aborted while connecting")
+                    left = end - time.monotonic()
+                    if left <= 0:
+                        raise TimeoutError("timed out while connecting")
+                    _, writable, failed = select.select([], [sock], [sock], min(left, _CONNECT_SLICE_S))
+                    if writable or failed:
+                        rc = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                if rc:
+                    raise OSError(rc, os.strerror(rc))
+                sock.settimeout(limit)
+                return sock
+            except TimeoutError:
+                sock.close()
+                raise
+            except OSError as exc:
+                sock.close()
+                last = exc
+                if self._aborted.is_set():
+                    break
+            finally:
+                with self._sock_lock:
+                    self._connecting = None
+        raise last if last is not None else OSError(f"no address for {host!r}")
 
     def _target(self, path: str, query: Mapping[str, Any] | None) -> str:
         if not path.startswith("/"):
@@ -744,18 +919,25 @@ class HttpTransport:
             conn = http.client.HTTPSConnection(self.host, self.port, timeout=wait, context=self._ssl)
         else:
             conn = http.client.HTTPConnection(self.host, self.port, timeout=wait)
-        # Replies are parsed through the deadline-bound reader (see _DeadlineResponse).
+        # Replies are parsed through the deadline-bound reader (see _DeadlineResponse); the
+        # connect can be cut short by abort() (http.client's hook, stable since Python 3.0).
         conn.response_class = self._response_class
+        conn._create_connection = self._open_socket  # type: ignore[attr-defined]
         try:
             conn.connect()
         except ssl.SSLCertVerificationError as exc:
             conn.close()
-            raise ConnectError(
+            err = ConnectError(
                 f"cannot connect to {self.base_url}: TLS certificate not trusted "
                 f"({exc.verify_message})",
                 route=route,
                 hint="pass the server's CA certificate (--ca-cert FILE); verification stays on",
-            ) from exc
+            )
+            err.retryable = False
+            raise err from exc
+        except ssl.SSLError as exc:
+            conn.close()
+            raise self._tls_failed(route, exc) from exc
         except TimeoutError as exc:
             conn.close()
             raise ConnectError(
@@ -764,6 +946,7 @@ class HttpTransport:
             ) from exc
         except OSError as exc:
             conn.close()
+            self._check_aborted("connect", route, exc)
             raise ConnectError(
                 f"cannot connect to {self.base_url} ({_describe(exc)})",
                 route=route,
@@ -778,6 +961,26 @@ class HttpTransport:
         self._exchanges = 0
         self._last_used = time.monotonic()
         self.connections_opened += 1
+
+    def _tls_failed(self, route: str, exc: ssl.SSLError) -> ConnectError:
+        """The error of a failed TLS handshake; says so when the server speaks plain HTTP."""
+        plain = _speaks_plain_http(self.host, self.port, min(self.connect_timeout, 3.0))
+        if plain:
+            err = ConnectError(
+                f"cannot connect to {self.base_url}: the server speaks plain HTTP, not HTTPS "
+                "(the TLS handshake got an HTTP reply)",
+                route=route,
+                hint=f"use http://{self.base_url.split('://', 1)[1]} (the server has no TLS), "
+                "or give the server a certificate",
+            )
+        else:
+            err = ConnectError(
+                f"cannot connect to {self.base_url}: TLS handshake failed ({_describe(exc)})",
+                route=route,
+                hint="is it an https:// server? check --url",
+            )
+        err.retryable = False
+        return err
 
     def _arm(self, conn: http.client.HTTPConnection) -> None:
         """Let the next socket operation wait only for what is left of the call's deadline."""
@@ -838,12 +1041,13 @@ class HttpTransport:
         return resp.status, resp.reason, resp.headers, data, bool(resp.will_close)
 
     def _drop(self) -> None:
-        if self._conn is not None:
-            try:
-                self._conn.close()
-            except OSError:
-                pass
-        self._conn = None
+        with self._sock_lock:
+            if self._conn is not None:
+                try:
+                    self._conn.close()
+                except OSError:
+                    pass
+            self._conn = None
         self._exchanges = 0
 
 
@@ -999,6 +1203,17 @@ def _check_max_bytes(max_bytes: int) -> int:
     if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
         raise ConfigError(f"max_reply_bytes must be an int >= 0, got {max_bytes!r}")
     return max_bytes
+
+
+def _speaks_plain_http(host: str, port: int, timeout: float) -> bool:
+    """Does ``host:port`` answer a plain ``HEAD / HTTP/1.0`` with an HTTP status line? (Asked only
+    after a TLS handshake failed: it tells "https:// to a plain-HTTP server" from other failures.)"""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.sendall(b"HEAD / HTTP/1.0\r\nHost: " + host.encode("ascii", "ignore") + b"\r\n\r\n")
+            return sock.recv(16).startswith(b"HTTP/")
+    except (OSError, UnicodeError):
+        return False
 
 
 def _peer_closed(sock: socket.socket) -> bool:

@@ -281,6 +281,9 @@ class _Handlers:
         return JSONResponse(
             {
                 "server": "genmanip-testbed",
+                # a local stand-in, not a real GenManip server: gmp eval runs its zero policy
+                # here without --policy (and nowhere else)
+                "testbed": True,
                 "version": __version__,
                 "protocol_versions": [1],
                 "codecs": codecs,

@@ -11,6 +11,7 @@ from genmanip_results.layout import EVAL_RESULTS_DIR, SAVED_DIR
 from genmanip_runtime.config import resolve_token
 from genmanip_runtime.console import Console
 from genmanip_runtime.netpolicy import is_loopback_host
+from genmanip_runtime.text import SafeFormatter
 
 from .errors import ServerStartError
 from .faults import FaultSpec, parse_fault_spec
@@ -93,7 +94,9 @@ def serve(
     sock = _bind(host, port)
     if not console.quiet:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+        # A request line is the client's text (a path with ESC ]52; or a newline forging the
+        # next line): the log line goes through the one safe formatter, like every gmp output.
+        handler.setFormatter(SafeFormatter("%(asctime)s %(message)s", "%H:%M:%S"))
         access = logging.getLogger("genmanip_testbed.access")
         access.addHandler(handler)
         access.setLevel(logging.INFO)

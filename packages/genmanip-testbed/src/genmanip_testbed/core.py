@@ -483,7 +483,7 @@ class EvalCore:
         key: _SEED_KEY | None,
         cancel: threading.Event,
     ) -> dict[str, Any]:
-        if cancel.wait(self.cfg.reset_delay):
+        if cancel.wait(self.faults.reset_delay(str(w.wid), self.cfg.reset_delay)):
             raise RuntimeError(f"Worker {w.wid} reset cancelled before start")
         if self.faults.take_stall():
             self.stats.add("faults", "stall_reset")

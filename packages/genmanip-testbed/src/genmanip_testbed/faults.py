@@ -15,6 +15,8 @@ key                meaning
 ``stall_reset``    the first N background resets never finish (until ``/kill`` or a new job)
 ``die_worker``     ``W@N``: worker W dies instead of executing its N-th action (a ``RayActorError``
                    500; the seed is re-queued); several as ``1@30|2@5``
+``slow_reset``     ``W@DURATION``: worker W's background resets take that long (``3@2s``): one slow
+                   worker among fast ones; several as ``1@2s|4@500ms``
 ``routes``         which eval routes are faulted (``step|step_chunk|reset|reset_result``, default)
 ``max_faults``     at most N requests get an error or a reset, then every request passes (0: no
                    limit); with a rate of 1 it faults exactly the next N requests to ``routes``
@@ -54,6 +56,7 @@ class FaultSpec:
     reset_after: float = 0.0
     stall_reset: int = 0
     die_worker: tuple[tuple[str, int], ...] = field(default=())
+    slow_reset: tuple[tuple[str, float], ...] = field(default=())
     routes: tuple[str, ...] = DEFAULT_FAULT_ROUTES
     seed: int = 0
     max_faults: int = 0
@@ -88,6 +91,7 @@ class FaultSpec:
             or self.reset_after
             or self.stall_reset
             or self.die_worker
+            or self.slow_reset
         )
 
     @classmethod
@@ -110,6 +114,8 @@ class FaultSpec:
                     kw[k] = tuple(int(x) for x in v)
                 elif k == "die_worker":
                     kw[k] = tuple((str(w), int(n)) for w, n in v)
+                elif k == "slow_reset":
+                    kw[k] = tuple((str(w), float(d)) for w, d in v)
                 elif k == "routes":
                     kw[k] = tuple(str(r) for r in v)
                 else:
@@ -172,6 +178,16 @@ def parse_fault_spec(text: str) -> FaultSpec:
                     )
                 items.append((w, int(n)))
             kw["die_worker"] = tuple(items)
+        elif key == "slow_reset":
+            slow = []
+            for item in val.split("|"):
+                w, at, d = item.partition("@")
+                if not at or not w:
+                    raise FaultSpecError(
+                        f"fault slow_reset: expected WORKER@DURATION (e.g. 3@2s), got {item!r}"
+                    )
+                slow.append((w, _duration(key, d)))
+            kw["slow_reset"] = tuple(slow)
         elif key == "routes":
             routes = tuple(r.strip().lstrip("/") for r in val.split("|") if r.strip())
             kw["routes"] = routes
@@ -183,7 +199,7 @@ def parse_fault_spec(text: str) -> FaultSpec:
         else:
             raise FaultSpecError(
                 f"fault spec: unknown key {key!r} (known: latency, error_rate, errors, reset_before, "
-                "reset_after, stall_reset, die_worker, routes, max_faults, seed)"
+                "reset_after, stall_reset, die_worker, slow_reset, routes, max_faults, seed)"
             )
     return FaultSpec(**kw)
 
@@ -248,6 +264,13 @@ class FaultState:
             if d.error is not None or d.reset_before or d.reset_after:
                 self._faulted += 1
             return d
+
+    def reset_delay(self, worker_id: str, default: float) -> float:
+        """How long a background reset of ``worker_id`` takes (``slow_reset``, else ``default``)."""
+        for w, d in self.spec.slow_reset:
+            if w == worker_id:
+                return d
+        return default
 
     def take_stall(self) -> bool:
         """True for the next ``stall_reset`` background resets."""

@@ -17,6 +17,7 @@ The no-op policy is genmanip-eval's ``zero`` (one owner); its action is
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -27,10 +28,22 @@ from genmanip_protocol.robots import RobotSpec, get_robot
 from .kinematics import arm_jacobian, arm_mounts, fk, local_to_world, mat_to_quat, world_to_local
 from .render import COLOURS, top_pixel_to_world
 
-__all__ = ["ExpertPolicy", "expert", "expert_policy"]
+__all__ = ["ExpertPolicy", "episode_seed", "expert", "expert_policy"]
 
 _COLOUR_NAMES = ("red", "blue", "green", "yellow")
 _TOP_CAMERAS = ("video.top_camera_view", "video.obs_camera_view")
+
+
+def episode_seed(seed: int, episode_id: str) -> list[int]:
+    """The noise seed of one episode: ``seed`` and a stable hash of its ``(task, seed)``.
+
+    ``episode_id`` is ``<benchmark>/<run_id>/<task_name>/<seed>``; the run id is left out (a
+    resumed or repeated run gets the same noise). Any other id is hashed whole.
+    """
+    parts = episode_id.split("/")
+    key = "/".join(parts[2:]) if len(parts) >= 4 else episode_id
+    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
+    return [int(seed) & 0xFFFFFFFF, int.from_bytes(digest[:8], "big")]
 
 
 def _as_array(v: Any) -> np.ndarray:
@@ -41,7 +54,8 @@ class ExpertPolicy:
     """The scripted expert. See the module docstring.
 
     Args:
-        seed: seeds the motion noise.
+        seed: seeds the motion noise, together with each episode's task and seed
+            (:func:`episode_seed`): the same episode gets the same noise in every run.
         noise: std-dev (m) of the noise added to every motion step.
         speed: max gripper travel per step (m).
         control_type: ``"joint_position"`` (default) or ``"ee_pose"``.
@@ -106,6 +120,9 @@ class ExpertPolicy:
         if episode != self._episode or bool(obs.get("reset", False)):
             self.reset()
             self._episode = episode
+            # The episode's noise depends on (task, seed) only: not on which worker, process or
+            # earlier episodes of this instance came first, so a run's numbers repeat.
+            self._rng = np.random.default_rng(episode_seed(self.seed, episode))
         instruction = str(obs.get("instruction", "")).lower()
         colour = next((c for c in _COLOUR_NAMES if re.search(rf"\b{c}\b", instruction)), "red")
         arm = 1 if (robot.n_arms == 2 and "right" in instruction) else 0

@@ -19,9 +19,17 @@ import time
 import urllib.request
 from pathlib import Path
 
+from genmanip_results.provenance import ensure_cache_dir
+
 from .errors import ViewerAssetsError, VizDependencyError
 
-__all__ = ["VIEWER_FILES", "cache_root", "ensure_viewer_assets", "rerun_version"]
+__all__ = [
+    "VIEWER_FILES",
+    "cache_root",
+    "ensure_cache_root",
+    "ensure_viewer_assets",
+    "rerun_version",
+]
 
 #: Files of the web viewer that are fetched and served (``index.html`` is patched).
 VIEWER_FILES = ("index.html", "re_viewer.js", "re_viewer_bg.wasm", "favicon.ico")
@@ -38,9 +46,24 @@ def cache_root() -> Path:
     """The user cache directory of genmanip-viz (``$GMP_CACHE_DIR`` or ``$XDG_CACHE_HOME/genmanip``)."""
     env = os.environ.get("GMP_CACHE_DIR")
     if env:
-        return Path(env) / "viz"
+        return Path(env).expanduser() / "viz"
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "genmanip" / "viz"
+    return Path(base).expanduser() / "genmanip" / "viz"
+
+
+def ensure_cache_root(cache_dir: Path | None = None) -> Path:
+    """Create and return ``cache_dir`` (a directory the caller chose), or by default
+    :func:`cache_root` inside gmp's cache directory, which is created through
+    :func:`genmanip_results.provenance.ensure_cache_dir`: tagged as gmp's when this creates it, so
+    that ``gmp clean`` can prove it is gmp's."""
+    if cache_dir is not None:
+        root = Path(cache_dir)
+        root.mkdir(parents=True, exist_ok=True)
+        return root
+    root = cache_root()
+    ensure_cache_dir(root.parent)
+    root.mkdir(exist_ok=True)
+    return root
 
 
 def rerun_version() -> str:
@@ -134,7 +157,7 @@ def ensure_viewer_assets(*, cache_dir: Path | None = None, timeout: float = 60.0
     dest = root / f"rerun-web-{rerun_version()}"
     if all((dest / n).is_file() for n in (*VIEWER_FILES, "re_viewer_bg.wasm.gz")):
         return dest
-    root.mkdir(parents=True, exist_ok=True)
+    ensure_cache_root(cache_dir)
     if dest.exists():
         import shutil
 

@@ -21,7 +21,7 @@ from genmanip_results.discovery import EpisodeInfo, RunInfo, RunScanner
 # The live-view contract (file names, path safety) is genmanip_results.live: eval writes through
 # it, these readers are its; re-exported here for the pages.
 from genmanip_results.live import LiveWorker, live_workers
-from genmanip_results.stats import wilson_interval
+from genmanip_results.stats import PairTable, holm_adjust, pair_outcomes, wilson_interval
 
 __all__ = [
     "Comparison",
@@ -255,7 +255,11 @@ class Comparison:
     """Run ``a`` against run ``b`` on the (task, seed) pairs both completed.
 
     ``tasks``: per task ``(n_shared, sr_a, sr_b, delta = sr_b - sr_a)``; ``flipped``: the shared
-    episodes whose success differs, as ``(task, seed, success_a, success_b)``.
+    episodes whose success differs, as ``(task, seed, success_a, success_b)``. The statistics are
+    :mod:`genmanip_results.stats` (the numbers of ``gmp compare``): ``tables`` per task and
+    ``overall`` the paired 2x2 tables (:class:`~genmanip_results.stats.PairTable`, B = run ``b``),
+    whose ``interval()`` is Newcombe's and ``mcnemar_p()`` the exact McNemar p-value; ``p_holm``
+    the per-task Holm-adjusted p-values.
     """
 
     shared: int
@@ -263,34 +267,39 @@ class Comparison:
     sr_b: float | None
     tasks: list[tuple[str, int, float, float, float]]
     flipped: list[tuple[str, str, bool, bool]]
+    tables: dict[str, PairTable] = field(default_factory=dict)
+    overall: PairTable = field(default_factory=PairTable)
+    p_holm: dict[str, float] = field(default_factory=dict)
 
 
 def compare_runs(a: RunView, b: RunView) -> Comparison:
     """Paired comparison of two runs on shared seeds (see :class:`Comparison`)."""
-    keys = [
-        k for k in a.order if k in b.episodes and a.episodes[k].complete and b.episodes[k].complete
-    ]
+    def outcomes(v: RunView) -> dict[str, bool]:
+        return {k: bool(v.episodes[k].success) for k in v.order if v.episodes[k].complete}
+
+    pairing = pair_outcomes(outcomes(a), outcomes(b))
     by_task: dict[str, list[tuple[bool, bool]]] = {}
     flipped: list[tuple[str, str, bool, bool]] = []
-    for k in keys:
-        ea, eb = a.episodes[k], b.episodes[k]
-        sa, sb = bool(ea.success), bool(eb.success)
+    for k, sa, sb in pairing.pairs:
+        ea = a.episodes[k]
         by_task.setdefault(ea.task_name, []).append((sa, sb))
         if sa != sb:
             flipped.append((ea.task_name, str(ea.seed), sa, sb))
+    tables = {task: PairTable.from_pairs(pairs) for task, pairs in sorted(by_task.items())}
     tasks = []
-    for task, pairs in sorted(by_task.items()):
-        n = len(pairs)
-        ra = sum(p[0] for p in pairs) / n
-        rb = sum(p[1] for p in pairs) / n
-        tasks.append((task, n, ra, rb, rb - ra))
-    n = len(keys)
-    tot_a = sum(1 for k in keys if a.episodes[k].success)
-    tot_b = sum(1 for k in keys if b.episodes[k].success)
+    for task, t in tables.items():
+        assert t.sr_a is not None and t.sr_b is not None and t.difference is not None
+        tasks.append((task, t.n, t.sr_a, t.sr_b, t.difference))
+    overall = PairTable.from_pairs((sa, sb) for _, sa, sb in pairing.pairs)
+    names = list(tables)
+    p_holm = dict(zip(names, holm_adjust([tables[n].mcnemar_p() for n in names]), strict=True))
     return Comparison(
-        shared=n,
-        sr_a=tot_a / n if n else None,
-        sr_b=tot_b / n if n else None,
+        shared=overall.n,
+        sr_a=overall.sr_a,
+        sr_b=overall.sr_b,
         tasks=tasks,
         flipped=flipped,
+        tables=tables,
+        overall=overall,
+        p_holm=p_holm,
     )

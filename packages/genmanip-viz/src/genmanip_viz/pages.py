@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as _dt
 import html
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from urllib.parse import quote
 
 from genmanip_results.discovery import EpisodeInfo
@@ -48,6 +48,10 @@ def episode_url(view: RunView, rel: str) -> str:
 
 def _pct(x: float | None) -> str:
     return _DASH if x is None else f"{100.0 * x:.1f}%"
+
+
+def _diff_ci(ci: tuple[float, float]) -> str:
+    return f"[{100 * ci[0]:+.1f}, {100 * ci[1]:+.1f}] pp"
 
 
 def _num(x: float | None, digits: int = 3) -> str:
@@ -268,7 +272,10 @@ def run_page(
         cmp_rows = "".join(
             f'<tr><td data-v="{esc(t)}">{esc(t)}</td><td class="num" data-v="{n}">{n}</td>'
             f'<td class="num" data-v="{a:.6f}">{_pct(a)}</td><td class="num" data-v="{b:.6f}">{_pct(b)}</td>'
-            f'<td class="num {"pos" if d > 0 else "neg" if d < 0 else ""}" data-v="{d:.6f}">{100 * d:+.1f} pp</td></tr>'
+            f'<td class="num {"pos" if d > 0 else "neg" if d < 0 else ""}" data-v="{d:.6f}">{100 * d:+.1f} pp</td>'
+            f"<td class=\"num\">{_diff_ci(cmp.tables[t].interval())}</td>"
+            f'<td class="num" data-v="{cmp.tables[t].mcnemar_p():.6f}">{cmp.tables[t].mcnemar_p():.3g}</td>'
+            f'<td class="num" data-v="{cmp.p_holm[t]:.6f}">{cmp.p_holm[t]:.3g}</td></tr>'
             for t, n, a, b, d in cmp.tasks
         )
         flips = "".join(
@@ -279,10 +286,14 @@ def run_page(
         )
         parts.append(
             f'<p class="summary">{cmp.shared} shared episodes · this run {_pct(cmp.sr_a)} · '
-            f"{esc(other.info.run_id)} {_pct(cmp.sr_b)}</p>"
+            f"{esc(other.info.run_id)} {_pct(cmp.sr_b)} · difference "
+            f"{_DASH if cmp.overall.difference is None else f'{100 * cmp.overall.difference:+.1f} pp'} "
+            f"{_diff_ci(cmp.overall.interval())} (Newcombe 95%) · exact McNemar p "
+            f"{cmp.overall.mcnemar_p():.3g}; per task: Holm-adjusted p (as gmp compare)</p>"
             '<table class="sortable" id="compare"><thead><tr><th>task</th><th class="num">shared</th>'
             f'<th class="num">this run</th><th class="num">{esc(other.info.run_id)}</th>'
-            '<th class="num">delta</th></tr></thead><tbody>' + cmp_rows + "</tbody></table>"
+            '<th class="num">delta</th><th class="num">95% CI</th><th class="num">McNemar p</th>'
+            '<th class="num">Holm p</th></tr></thead><tbody>' + cmp_rows + "</tbody></table>"
             f'<h3>Flipped seeds ({len(cmp.flipped)})</h3><ul class="flips">{flips}</ul>'
         )
     return _layout(
@@ -292,8 +303,39 @@ def run_page(
     )
 
 
-def episode_page(view: RunView, rel: str, ep: EpisodeInfo, *, instruction: str) -> str:
-    """One episode: metrics, previous/next links and the Rerun viewer (iframe) on its recording."""
+def _frame_player(view: RunView, rel: str, frame_counts: Mapping[str, int]) -> str:
+    """The JPEG frame player: one ``<img>`` per camera fed by ``/frame/...`` by index, a slider,
+    play/pause and a state plot with a cursor at the shown frame (app.js); empty without frames."""
+    if not frame_counts:
+        return ""
+    n = min(frame_counts.values())
+    tail = _url_rel(rel)
+    imgs = "".join(
+        f'<figure><img class="framecam" alt="{esc(c)}" '
+        f'data-base="/frame/{esc(view.key)}/{esc(quote(c, safe=""))}/" data-tail="/{esc(tail)}">'
+        f"<figcaption>{esc(c)}</figcaption></figure>"
+        for c in sorted(frame_counts)
+    )
+    return (
+        f'<div id="player" data-n="{n}" data-timeline="/timeline/{esc(view.key)}/{esc(tail)}">'
+        f'<div class="cams">{imgs}</div>'
+        '<p class="controls"><button type="button" id="play" class="button">play</button> '
+        f'<input type="range" id="scrub" min="0" max="{max(0, n - 1)}" value="0" step="1"> '
+        f'frame <b id="frame-no">0</b> / {n} · step <b id="frame-step">{_DASH}</b></p>'
+        '<canvas id="plot" width="960" height="160"></canvas></div>'
+    )
+
+
+def episode_page(
+    view: RunView,
+    rel: str,
+    ep: EpisodeInfo,
+    *,
+    instruction: str,
+    frame_counts: Mapping[str, int] | None = None,
+) -> str:
+    """One episode: metrics, previous/next links, the JPEG frame player (``frame_counts``: the
+    frames of each camera with a frame store) and the Rerun viewer (iframe) on its recording."""
     prev_rel, next_rel = view.neighbours(rel)
     links = []
     if prev_rel:
@@ -313,7 +355,8 @@ def episode_page(view: RunView, rel: str, ep: EpisodeInfo, *, instruction: str) 
         f" · steps {esc(ep.steps if ep.steps is not None else _DASH)}"
         f" · cameras {esc(', '.join(sorted(ep.videos)) or _DASH)}</p></div>"
         f'<div class="links">{"".join(links)} <a class="button" href="{esc(rrd_url)}" download>download .rrd</a></div></div>'
-        f'<iframe id="viewer" class="viewer" title="Rerun viewer" data-rrd="{esc(rrd_url)}"></iframe>'
+        + _frame_player(view, rel, frame_counts or {})
+        + f'<iframe id="viewer" class="viewer" title="Rerun viewer" data-rrd="{esc(rrd_url)}"></iframe>'
     )
     return _layout(
         f"{ep.task_name} {ep.seed}",

@@ -14,7 +14,9 @@ recording's result panel lists what was skipped.
 The recording has one timeline, ``step`` (a sequence: the simulator timestep). Each camera's mp4 goes in
 once as an ``AssetVideo`` (the encoded bytes, not per-frame images) and every step refers into it with a
 ``VideoFrameReference``, so the recording is about as large as the source videos plus a few KiB of
-series. The blueprint (one video panel per camera, state and action plots, instruction and result text)
+series. A camera recorded with ``gmp eval --transcode deferred`` (the default) has no mp4 but its JPEG
+frame store (``<camera>.jpegs``): its frames go in as ``EncodedImage`` (``image/jpeg``, the bytes as
+recorded, each frame once), so building the replay needs no video encoder at all. The blueprint (one video panel per camera, state and action plots, instruction and result text)
 is declared in code and saved as the recording's default blueprint.
 
 Freshness: a JSON sidecar ``.genmanip_vis.rrd.json`` next to the recording stores the size and mtime of
@@ -53,6 +55,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from genmanip_results.layout import (
     EPISODE_RRD,
+    FRAME_STORE_SUFFIX,
     META_RECORD,
     RESULT_INFO,
     RESULT_JSON,
@@ -86,7 +89,7 @@ RRD_NAME = f"{VIEWER_CACHE_PREFIX}rrd"
 #: Sidecar with the inputs' sizes/mtimes the recording was built from.
 SIDECAR_NAME = f"{RRD_NAME}.json"
 #: Bumped whenever the recording's content or blueprint changes, so old recordings are rebuilt.
-BUILDER_VERSION = 4
+BUILDER_VERSION = 5  # 5: JPEG frame stores as EncodedImage frames
 #: The server's own recording (written with ``--save_process`` when rerun-sdk is installed there).
 SERVER_RRD_NAME = EPISODE_RRD
 
@@ -361,6 +364,48 @@ def _browser_playable(mp4: Path, data: bytes, layout: str, tmpdir: Path, index: 
     return target.read_bytes()
 
 
+def _log_frame_store(
+    rr: Any, rec: Any, entity: str, path: Path, *, frames: tuple[np.ndarray, np.ndarray] | None, root: Path
+) -> None:
+    """Log a camera's JPEG frame store (``<camera>.jpegs``) as ``EncodedImage`` frames: the JPEG
+    bytes as recorded, no decoding and no video encoding (the viewer decodes the frames it shows).
+
+    Each frame is logged once, at the first step that shows it (chunked policies show one frame for
+    several steps: the viewer keeps the latest).
+    """
+    from genmanip_results.frames import FrameStore
+
+    try:
+        store = FrameStore(path, within=root)
+    except UnsafePathError as exc:
+        raise RecordingBuildError(f"{path.name}: not read: it resolves outside the results root") from exc
+    except Exception as exc:
+        raise RecordingBuildError(f"{path}: cannot read frames ({exc})") from exc
+    with store:
+        n = len(store)
+        if frames is not None:
+            steps, idx = frames
+            ok = idx < n
+            steps, idx = steps[ok], idx[ok]
+        else:
+            steps = np.arange(n, dtype=np.int64)
+            idx = steps
+        if not steps.size:
+            return
+        keep = np.ones(steps.size, dtype=bool)
+        keep[1:] = idx[1:] != idx[:-1]
+        steps, idx = steps[keep], idx[keep]
+        try:
+            blobs = [store[int(j)] for j in idx]
+        except Exception as exc:
+            raise RecordingBuildError(f"{path}: cannot read frames ({exc})") from exc
+    rec.send_columns(
+        entity,
+        indexes=[rr.TimeColumn("step", sequence=steps)],
+        columns=rr.EncodedImage.columns(blob=blobs, media_type=["image/jpeg"] * len(blobs)),
+    )
+
+
 def _save_with_blueprint(rr: Any, rec: Any, out: Path, blueprint: Any) -> Any:
     """``rec.save(out, default_blueprint=blueprint)``, returning the blueprint's stream so that
     the caller disconnects it (rerun's own ``save`` leaves it running: see the module docstring).
@@ -435,6 +480,9 @@ def _write_in(data: EpisodeData, out: Path, tmpdir: Path, root: Path) -> None:
         )
         for i, (cam, mp4) in enumerate(data.videos.items()):
             entity = f"cameras/{cam}"
+            if mp4.name.endswith(FRAME_STORE_SUFFIX):
+                _log_frame_store(rr, rec, entity, mp4, frames=data.frames.get(cam), root=root)
+                continue
             video = _browser_playable(mp4, _video_bytes(mp4, root), data.layout, tmpdir, i)
             try:
                 asset = rr.AssetVideo(contents=video, media_type="video/mp4")

@@ -27,6 +27,7 @@ import concurrent.futures
 import concurrent.futures.process
 import hmac
 import json
+import math
 import multiprocessing
 import os
 import socket
@@ -41,7 +42,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
+from genmanip_protocol.errors import GenmanipError
 from genmanip_results.discovery import EpisodeInfo
+from genmanip_results.frames import FrameStore, episode_streams
 from genmanip_results.layout import META_RECORD, RESULT_JSON
 from genmanip_results.live import (
     live_frame_path,
@@ -530,7 +533,69 @@ def create_app(
         if not (ep.layout == "server" and (Path(ep.path) / SERVER_RRD_NAME).is_file()):
             if not await run_in_threadpool(recording_is_fresh, ep):
                 state.pool.submit(ep)
-        return _html(pages.episode_page(view, rel, ep, instruction=instruction))
+        # The page plays the JPEG frames directly (no video needed: the first open of a 600-step
+        # episode costs an index of each frame store, ~1 ms, not an x264 pass).
+        frame_counts = await run_in_threadpool(_frame_counts, ep)
+        return _html(pages.episode_page(view, rel, ep, instruction=instruction, frame_counts=frame_counts))
+
+    def _frame_counts(ep: EpisodeInfo) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for cam, s in episode_streams(ep.path).items():
+            src = s.store or s.spool
+            if src is None:
+                continue
+            try:
+                with FrameStore(src, within=root) as store:
+                    out[cam] = len(store)
+            except (OSError, GenmanipError):
+                continue
+        return out
+
+    def _frame(request: Request) -> bytes | None:
+        found = _episode(request, str(request.path_params["rel"]))
+        if found is None:
+            return None
+        ep = found[2]
+        # The camera is looked up among the episode's streams, never joined onto a path.
+        s = episode_streams(ep.path).get(str(request.path_params["camera"]))
+        src = None if s is None else (s.store or s.spool)
+        if src is None:
+            return None
+        try:
+            with FrameStore(src, within=root) as store:
+                i = int(request.path_params["index"])
+                return store[i] if 0 <= i < len(store) else None
+        except (OSError, GenmanipError):
+            return None
+
+    async def frame(request: Request) -> Response:
+        data = await run_in_threadpool(_frame, request)
+        if data is None:
+            return _not_found("frame")
+        return Response(data, media_type="image/jpeg", headers={"cache-control": "private, max-age=3600"})
+
+    def _timeline(request: Request) -> dict[str, Any] | None:
+        found = _episode(request, str(request.path_params["rel"]))
+        if found is None:
+            return None
+        from genmanip_results.series import SeriesError, load_series
+
+        try:
+            series = load_series(found[2])
+        except (SeriesError, OSError):
+            return {"frame_steps": [], "state": {}}
+        steps, frames = series.frame_steps()
+        t = series.state_t.tolist()
+        state = {k: {"t": t, "v": [[x if math.isfinite(x) else None for x in row] for row in v.T.tolist()]}
+                 for k, v in series.state.items() if v.shape[1]}
+        pairs = zip(steps.tolist(), frames.tolist(), strict=True)
+        return {"frame_steps": [[int(a), int(b)] for a, b in pairs], "state": state}
+
+    async def timeline(request: Request) -> Response:
+        data = await run_in_threadpool(_timeline, request)
+        if data is None:
+            return JSONResponse({"error": "no such episode"}, status_code=404)
+        return JSONResponse(data, headers={"cache-control": "no-cache"})
 
     async def rrd(request: Request) -> Response:
         rel = str(request.path_params["rel"])
@@ -660,6 +725,8 @@ def create_app(
         Route("/run/{key:str}", run),
         Route("/episode/{key:str}/{rel:path}", episode),
         Route("/rrd/{key:str}/{rel:path}", rrd),
+        Route("/frame/{key:str}/{camera:str}/{index:int}/{rel:path}", frame),
+        Route("/timeline/{key:str}/{rel:path}", timeline),
         Route("/viewer/{name:str}", viewer),
         Route("/static/{name:str}", static),
         Route("/live/{key:str}", live),

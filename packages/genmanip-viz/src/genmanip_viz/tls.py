@@ -13,7 +13,7 @@ import os
 import socket
 from pathlib import Path
 
-from .assets import cache_root
+from .assets import ensure_cache_root
 from .errors import VizDependencyError
 
 __all__ = ["ensure_certificate", "wanted_names"]
@@ -69,8 +69,7 @@ def ensure_certificate(bind_host: str, *, cache_dir: Path | None = None) -> tupl
             "serving HTTPS needs the cryptography package", hint="pip install cryptography"
         ) from exc
 
-    root = Path(cache_dir) if cache_dir is not None else cache_root()
-    root.mkdir(parents=True, exist_ok=True)
+    root = ensure_cache_root(cache_dir)
     cert_path, key_path = root / "tls-cert.pem", root / "tls-key.pem"
     dns, ips = wanted_names(bind_host)
     if cert_path.is_file() and key_path.is_file() and _covers(cert_path, dns, ips):

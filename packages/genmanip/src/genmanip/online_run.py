@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from genmanip_eval.cli import eval_config, eval_exit_code, evaluate
+from genmanip_eval.cli import EvalFlags, eval_config, eval_exit_code, evaluate
 from genmanip_online.cli import (
     client_from_flags,
     resolve_online_token,
@@ -61,7 +61,7 @@ def run(
     processes: int,
     max_episodes: int | None,
     max_recoveries: int,
-    policy: str,
+    policy: str | None,
     policy_arg: list[str],
     chunk_size: int,
     step_chunk: bool,
@@ -77,6 +77,22 @@ def run(
     record: bool,
     live_every: int,
     plot_on_episode_end: bool,
+    runner: str,
+    max_batch: int | None,
+    max_wait_ms: float | None,
+    compare_to: str | None,
+    stop_when_decided: bool,
+    alpha: float,
+    delta: float | None,
+    launcher: str,
+    ray_address: str | None,
+    workers_per_actor: int | None,
+    policy_replicas: int | None,
+    gpus_per_replica: float | None,
+    cpus_per_replica: float | None,
+    allow_policy_change: bool,
+    as_json: bool,
+    transcode: str,
     console: Console,
 ) -> int:
     """Handler of ``gmp online run`` (see the module docstring); returns the evaluation's exit code."""
@@ -118,34 +134,9 @@ def run(
         try:
             # gmp eval's flags with the endpoint as --url, the online token and the task id as
             # run id; the --ca-cert given for the service is trusted for its endpoint too.
-            cfg = eval_config(
-                console,
-                url=build_base_url(endpoint),
-                token=online_token,
-                ca_cert=ca_cert,
-                run_id=task_id,
-                worker_ids=worker_ids,
-                processes=processes,
-                max_episodes=max_episodes,
-                max_recoveries=max_recoveries,
-                policy=policy,
-                policy_arg=policy_arg,
-                chunk_size=chunk_size,
-                step_chunk=step_chunk,
-                robot=robot,
-                arm_type=arm_type,
-                gripper_type=gripper_type,
-                control_type=control_type,
-                codec=codec,
-                frames=frames,
-                render_mode=render_mode,
-                subframes=subframes,
-                results_dir=results_dir,
-                record=record,
-                live_every=live_every,
-                plot_on_episode_end=plot_on_episode_end,
-            )
-            rc = eval_exit_code(cfg, evaluate(cfg, console))
+            cfg = eval_config(console, EvalFlags.of(locals()), url=build_base_url(endpoint),
+                              token=online_token, ca_cert=ca_cert, run_id=task_id)
+            rc = eval_exit_code(cfg, evaluate(cfg, console, policy_given=policy is not None, as_json=as_json))
         except BaseException:
             if not keep:
                 _stop(client, task_id, endpoint, console)

@@ -24,5 +24,9 @@ PROVIDERS: Mapping[str, Mapping[str, str]] = MappingProxyType(
             }
         ),
         "genmanip.episode_hooks": MappingProxyType({"plot": "genmanip-artifacts"}),
+        "genmanip.policy_schemes": MappingProxyType(
+            {"ws": "genmanip-serve", "wss": "genmanip-serve"}
+        ),
+        "genmanip.launchers": MappingProxyType({"ray": "genmanip-ray"}),
     }
 )

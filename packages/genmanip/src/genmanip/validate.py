@@ -12,7 +12,9 @@ What a file may hold (``--kind auto`` tells them apart by shape):
 * an action dict, a ``/step`` body ``{worker_id: action}``, a chunk (a list of either, or
   ``{worker_id: [action, ...]}``) — checked with :func:`genmanip_protocol.check_action`;
 * an observation, or a ``/step`` reply ``{worker_id: {"obs": ...}}`` — checked with
-  :func:`genmanip_protocol.check_observation`;
+  :func:`genmanip_protocol.check_observation`; decoded msgpack and pickle replies hold
+  :class:`~genmanip_protocol.codec.Observation` mappings whose JPEG camera frames
+  (:class:`~genmanip_protocol.codec.JpegFrame`) are checked by their header, never decoded;
 * ``steps.jsonl`` rows of this project's recordings (schema in ``docs/architecture.md``):
   row fields, the row's action, and step continuity within each episode.
 
@@ -26,7 +28,7 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +43,8 @@ from genmanip_protocol import (
     get_robot,
     safe_relative_path,
 )
-from genmanip_protocol.codec import LegacyCodec, MsgpackCodec
+from genmanip_protocol.codec import JpegFrame, LegacyCodec, MsgpackCodec, Observation
+from genmanip_protocol.codec.jpeg import jpeg_size
 from genmanip_protocol.codec.limits import check_json_limits
 from genmanip_protocol.errors import ConfigError, DecodeError
 from genmanip_results.layout import STEPS_JSONL
@@ -188,12 +191,34 @@ def _is_step_row(obj: Any) -> bool:
 
 
 def _is_observation(obj: Any) -> bool:
-    if not isinstance(obj, dict):
+    # A decoded observation is a genmanip_protocol Observation (a mapping, not a dict) whose
+    # camera values may be still-encoded JpegFrames; keys() lists them without decoding.
+    if not isinstance(obj, Mapping):
         return False
     return any(
         isinstance(k, str) and (k.startswith(("state.", "video.")) or k in ("instruction", "timestep"))
-        for k in obj
+        for k in obj.keys()
     )
+
+
+def _raw_items(obs: Mapping[Any, Any]) -> list[tuple[Any, Any]]:
+    """An observation's items without decoding a camera frame (an Observation's raw items)."""
+    return obs.raw_items() if isinstance(obs, Observation) else list(obs.items())
+
+
+def _check_jpeg_frames(obs: Mapping[Any, Any], loc: str, report: Report) -> None:
+    """A still-encoded frame is checked by its header (no decode): a JPEG, of its declared shape."""
+    for key, value in _raw_items(obs):
+        if not isinstance(value, JpegFrame):
+            continue
+        want = f"a JPEG of the declared {value.shape[0]}x{value.shape[1]}"
+        try:
+            h, w = jpeg_size(value.data)
+        except DecodeError as exc:
+            report.add(loc, str(key), want, _short(str(exc)))
+            continue
+        if (h, w, 3) != value.shape:
+            report.add(loc, str(key), want, f"a {h}x{w} JPEG header")
 
 
 def _is_entry(obj: Any) -> bool:
@@ -214,7 +239,7 @@ class _Checker:
     def _robot_for(self, obj: Any, loc: str, file_key: str) -> RobotSpec | None:
         if self.robot is not None:
             return self.robot
-        rid = obj.get("robot_id") if isinstance(obj, dict) else None
+        rid = obj.get("robot_id") if isinstance(obj, Mapping) else None
         if isinstance(rid, str):
             try:
                 return get_robot(rid)
@@ -249,6 +274,7 @@ class _Checker:
             robot = self._robot_for(obj, here, file_key)
             if robot is not None:
                 self.report.extend(here, check_observation(robot, obj))
+            _check_jpeg_frames(obj, here, self.report)
             return
         if isinstance(obj, dict) and obj:
             values = list(obj.values())
@@ -258,11 +284,11 @@ class _Checker:
             if all(_is_entry(v) for v in values) and kind != "action":  # a /step or /reset reply
                 for wid, entry in obj.items():
                     ob = entry.get("obs")
-                    if ob is None or (isinstance(ob, dict) and ob.get("reset_pending")):
+                    if ob is None or (isinstance(ob, Mapping) and ob.get("reset_pending")):
                         continue
                     self.check(loc, ob, file_key, path=f"{path}[{wid!r}].obs")
                 return
-            if all(isinstance(v, (dict, list)) for v in values):  # {wid: action} / {wid: [actions]}
+            if all(isinstance(v, (Mapping, list)) for v in values):  # {wid: action} / {wid: [actions]}
                 for wid, v in obj.items():
                     self.check(loc, v, file_key, path=f"{path}[{wid!r}]")
                 return

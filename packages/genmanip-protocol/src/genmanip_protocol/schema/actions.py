@@ -7,6 +7,7 @@ and ``validate_chunk`` raise them all at once and return normalized copies.
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -137,19 +138,33 @@ def _ee_arm(
     return [p for p in parts if p is not None]
 
 
+def _close_key(key: Any, candidates: Sequence[Any]) -> Any:
+    """The one of ``candidates`` that ``key`` most likely misspells (difflib), or None."""
+    if not isinstance(key, str):
+        return None
+    names = [c for c in candidates if isinstance(c, str)]
+    close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
 def _check_action(spec: RobotSpec, action: Any, ctx: _Ctx) -> dict[str, Any] | None:
     if not isinstance(action, Mapping):
         ctx.add("action_dict", "a dict with keys 'action' and 'control_type'", _describe(action))
         return None
     out: dict[str, Any] = {}
-    for key in action:
-        if key not in ACTION_KEYS:
-            ctx.add(
-                str(key), "only the keys " + ", ".join(ACTION_KEYS), f"unknown key {_short(key)}"
-            )
+    unknown = [key for key in action if key not in ACTION_KEYS]
+    # A missing required key comes first: it is the problem, not "(and 1 more)" behind a typo.
     for key in ("action", "control_type"):
         if key not in action:
-            ctx.add(key, "a required key", "missing")
+            typo = _close_key(key, unknown)
+            ctx.add(key, "a required key", "missing" + (f" (is {_short(typo)} a typo of it?)" if typo else ""))
+    for key in unknown:
+        close = _close_key(key, [k for k in ACTION_KEYS if k not in action])
+        ctx.add(
+            str(key),
+            "only the keys " + ", ".join(ACTION_KEYS),
+            f"unknown key {_short(key)}" + (f" (did you mean {close!r}?)" if close else ""),
+        )
 
     is_rel = action.get("is_rel")
     if "is_rel" in action:

@@ -78,5 +78,81 @@
     tick();
     setInterval(tick, 300);
   }
-  document.addEventListener("DOMContentLoaded", () => { initSorting(); initViewer(); initReload(); initLive(); });
+  // The episode's JPEG frames, shown by index (/frame/<key>/<camera>/<i>/<episode>): scrub, play,
+  // and a state plot whose cursor follows the shown frame (/timeline: frame -> step, state series).
+  function initPlayer() {
+    const player = document.getElementById("player");
+    if (!player) return;
+    const n = parseInt(player.getAttribute("data-n"), 10) || 0;
+    const imgs = Array.from(player.querySelectorAll("img.framecam"));
+    const scrub = document.getElementById("scrub");
+    const label = document.getElementById("frame-no");
+    const stepLabel = document.getElementById("frame-step");
+    const canvas = document.getElementById("plot");
+    let timeline = null, cur = 0, timer = null;
+    const frameStep = new Map();
+    function stepOf(i) { return frameStep.has(i) ? frameStep.get(i) : null; }
+    function draw() {
+      if (!canvas || !timeline) return;
+      const ctx = canvas.getContext("2d");
+      const w = canvas.width, h = canvas.height;
+      ctx.clearRect(0, 0, w, h);
+      const series = timeline.state.joints || Object.values(timeline.state)[0];
+      let tmax = 1;
+      if (series && series.t.length) tmax = Math.max(1, series.t[series.t.length - 1]);
+      if (series) {
+        let lo = Infinity, hi = -Infinity;
+        series.v.forEach((dim) => dim.forEach((x) => { if (x !== null) { lo = Math.min(lo, x); hi = Math.max(hi, x); } }));
+        if (hi <= lo) { hi = lo + 1; }
+        const colours = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"];
+        series.v.forEach((dim, j) => {
+          ctx.strokeStyle = colours[j % colours.length];
+          ctx.beginPath();
+          let pen = false;
+          dim.forEach((x, k) => {
+            if (x === null) { pen = false; return; }
+            const px = (series.t[k] / tmax) * (w - 1), py = h - 1 - ((x - lo) / (hi - lo)) * (h - 2);
+            if (pen) ctx.lineTo(px, py); else ctx.moveTo(px, py);
+            pen = true;
+          });
+          ctx.stroke();
+        });
+      }
+      const s = stepOf(cur);
+      if (s !== null) {
+        ctx.strokeStyle = "#000";
+        ctx.beginPath();
+        ctx.moveTo((s / tmax) * (w - 1), 0);
+        ctx.lineTo((s / tmax) * (w - 1), h);
+        ctx.stroke();
+      }
+    }
+    function show(i) {
+      cur = Math.max(0, Math.min(n - 1, i));
+      imgs.forEach((img) => { img.src = img.getAttribute("data-base") + cur + img.getAttribute("data-tail"); });
+      if (scrub) scrub.value = String(cur);
+      if (label) label.textContent = String(cur);
+      const s = stepOf(cur);
+      if (stepLabel) stepLabel.textContent = s === null ? "–" : String(s);
+      draw();
+    }
+    if (scrub) scrub.addEventListener("input", () => show(parseInt(scrub.value, 10)));
+    const play = document.getElementById("play");
+    if (play) play.addEventListener("click", () => {
+      if (timer) { clearInterval(timer); timer = null; play.textContent = "play"; return; }
+      play.textContent = "pause";
+      timer = setInterval(() => { if (cur >= n - 1) { clearInterval(timer); timer = null; play.textContent = "play"; } else show(cur + 1); }, 1000 / 30);
+    });
+    show(0);
+    fetch(player.getAttribute("data-timeline"), { credentials: "same-origin" })
+      .then((r) => (r.ok ? r.json() : null))
+      .then((t) => {
+        if (!t) return;
+        timeline = t;
+        (t.frame_steps || []).forEach(([step, frame]) => { if (!frameStep.has(frame)) frameStep.set(frame, step); });
+        show(cur);
+      })
+      .catch(() => {});
+  }
+  document.addEventListener("DOMContentLoaded", () => { initSorting(); initViewer(); initReload(); initLive(); initPlayer(); });
 })();

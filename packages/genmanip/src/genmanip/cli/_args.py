@@ -9,13 +9,17 @@ without advertising two spellings for everything.
 from __future__ import annotations
 
 import argparse
+import difflib
+import re
+import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 __all__ = [
     "CONSOLE_ARG",
     "GLOBAL_DESTS",
     "ROUTING_KEYS",
+    "GmpArgumentParser",
     "HelpFormatter",
     "add_bool_flag",
     "add_command",
@@ -23,6 +27,7 @@ __all__ = [
     "add_flag",
     "add_global_flags",
     "add_group",
+    "did_you_mean",
     "handler_dests",
 ]
 
@@ -40,6 +45,63 @@ GLOBAL_DESTS: tuple[str, ...] = ("verbose", "quiet")
 #: The keyword argument main adds to every handler call: a ``genmanip_runtime.console.Console``
 #: honouring ``-v``/``-q`` (and ``NO_COLOR``, through the console's own colour rule).
 CONSOLE_ARG = "console"
+
+
+_INVALID_CHOICE = re.compile(r"invalid choice: '(?P<given>[^']*)' \(choose from (?P<choices>.*)\)$")
+
+
+def did_you_mean(given: str, candidates: Sequence[str]) -> str | None:
+    """The candidate ``given`` most likely misspells: one it is a prefix of, else difflib's."""
+    if not given:
+        return None
+    prefixed = [c for c in candidates if c.startswith(given) and c != given]
+    if len(prefixed) == 1:
+        return prefixed[0]
+    close = difflib.get_close_matches(given, list(candidates), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+class GmpArgumentParser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` whose usage errors point the right way.
+
+    * an unknown command or action (``gmp evl``) says ``did you mean 'eval'?``;
+    * an unknown flag (``gmp eval --work 3``) is reported by the *subcommand's* parser (its usage,
+      not the top level's), with a did-you-mean among that subcommand's flags.
+
+    Sub-parsers are made of the same class (argparse uses the parent's type).
+    """
+
+    def parse_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> argparse.Namespace:
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            target = getattr(ns, "command_parser", None)
+            if not isinstance(target, argparse.ArgumentParser):
+                target = self
+            target.error(_unrecognized(target, extras))
+        return ns
+
+    def error(self, message: str) -> NoReturn:
+        m = _INVALID_CHOICE.search(message)
+        if m:
+            choices = re.findall(r"'([^']*)'", m.group("choices"))
+            guess = did_you_mean(m.group("given"), choices)
+            if guess:
+                message += f"; did you mean {guess!r}?"
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\n  (see '{self.prog} --help')\n")
+
+
+def _unrecognized(parser: argparse.ArgumentParser, extras: Sequence[str]) -> str:
+    message = f"unrecognized arguments: {' '.join(extras)}"
+    visible = [s for a in parser._actions for s in a.option_strings if a.help is not argparse.SUPPRESS]
+    for arg in extras:
+        if arg.startswith("-") and len(arg) > 1:
+            guess = did_you_mean(arg.split("=", 1)[0], visible)
+            if guess:
+                return f"{message}; did you mean {guess}?"
+    return message
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -204,35 +266,40 @@ def add_connection_flags(
     default_port: int | None = 8087,
     url: bool = True,
     token_env: str = "GMP_TOKEN",  # noqa: S107 - an env var name, not a secret
+    config_section: str | None = None,
 ) -> None:
     """``--url URL`` or ``--host H --port P``, and ``--token`` (for a GenManip server).
 
     The token is better given through the environment or the config file: a flag value shows up
-    in process lists and shell history.
+    in process lists and shell history. With ``config_section`` the server comes from ``[section]
+    url`` in the config file when no flag names it: ``--host``/``--port`` then default to None (so
+    the handler can tell "not given") and ``default_host``/``default_port`` are only named in help.
     """
     group = container.add_argument_group("server") if hasattr(container, "add_argument_group") else container
+    host_default: str | None = default_host
+    port_default: int | None = default_port
+    url_help = "server base URL, e.g. https://host:8087 (overrides --host/--port)"
+    if config_section:
+        host_default = port_default = None
+        fallback = f"http://{default_host}:{default_port}" if default_host else "none"
+        url_help = (f"server base URL, e.g. https://host:8087 (overrides --host/--port; default: "
+                    f"[{config_section}] url in the config file, else {fallback})")
     if url:
-        add_flag(
-            group,
-            "--url",
-            metavar="URL",
-            default=None,
-            help="server base URL, e.g. https://host:8087 (overrides --host/--port)",
-        )
+        add_flag(group, "--url", metavar="URL", default=None, help=url_help)
     add_flag(
         group,
         "--host",
         metavar="HOST",
-        default=default_host,
-        help="server host" + (" (default: %(default)s)" if default_host else ""),
+        default=host_default,
+        help="server host" + (f" (default: {default_host})" if default_host else ""),
     )
     add_flag(
         group,
         "--port",
         metavar="PORT",
         type=int,
-        default=default_port,
-        help="server port" + (" (default: %(default)s)" if default_port else ""),
+        default=port_default,
+        help="server port" + (f" (default: {default_port})" if default_port else ""),
     )
     add_flag(
         group,

@@ -86,6 +86,29 @@ class _SafeFormatter(logging.Formatter):
         return self._delegate.format(record)
 
 
+class _LiveAwareHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """A stderr handler that never writes onto the live progress line: the line is cleared
+    first and drawn again after (genmanip_runtime.console.write_above_live); plain writes when
+    genmanip-runtime is missing (then no progress line exists)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = self.format(record) + self.terminator
+        except Exception:
+            self.handleError(record)
+            return
+        try:
+            from genmanip_runtime.console import write_above_live
+        except ImportError:
+            self.stream.write(text)
+            self.flush()
+            return
+        try:
+            write_above_live(self.stream, text)
+        except Exception:
+            self.handleError(record)
+
+
 def configure_logging(verbose: int, quiet: bool, stream: TextIO | None = None) -> None:
     """Configure the root logger once: stderr, WARNING by default, -v INFO, -vv DEBUG, -q ERROR.
 
@@ -103,7 +126,7 @@ def configure_logging(verbose: int, quiet: bool, stream: TextIO | None = None) -
     for h in list(root.handlers):
         if getattr(h, "_gmp_handler", False):
             root.removeHandler(h)
-    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler = _LiveAwareHandler(stream if stream is not None else sys.stderr)
     handler._gmp_handler = True  # type: ignore[attr-defined]
     fmt = "%(levelname)s %(name)s: %(message)s" if verbose >= 2 else "gmp: %(level)s: %(message)s"
     handler.addFilter(_lowercase_level)

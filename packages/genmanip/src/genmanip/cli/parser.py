@@ -13,19 +13,23 @@ from __future__ import annotations
 import argparse
 import importlib
 
-from ._args import HelpFormatter, add_global_flags
+from ._args import GmpArgumentParser, HelpFormatter, add_global_flags
 
-__all__ = ["EXIT_CODES", "SPEC_MODULES", "VersionAction", "build_parser"]
+__all__ = ["EXIT_CODES", "SPEC_MODULES", "VersionAction", "build_parser", "docs_pointer"]
 
 #: Spec modules in the order their commands appear in ``gmp --help``.
 SPEC_MODULES: tuple[str, ...] = (
     "eval",
+    "doctor",
     "testbed",
+    "policy",
     "validate",
     "artifacts",
+    "compare",
     "viz",
     "online",
     "leaderboard",
+    "completion",
 )
 
 _DESCRIPTION = """\
@@ -59,8 +63,35 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
 _EPILOG = """\
 exit codes: 0 ok, 1 failure, 2 usage, 3 package not installed, 4 invalid input,
 5 server error, 6 unreachable, 7 timeout, 8 auth, 9 refused, 10 nothing to do,
-70 internal error, 130 interrupted, 143 terminated.  Docs: docs/cli.md
+70 internal error, 130 interrupted, 143 terminated.
+Docs: {docs}.  Shell completion: gmp completion bash|zsh
 """
+
+#: ``[project.urls]`` labels of the genmanip distribution, in order of preference for "Docs:".
+_DOC_LABELS = ("documentation", "docs", "homepage", "home", "source", "repository")
+
+
+def docs_pointer() -> str:
+    """Where ``gmp --help`` sends the reader: the genmanip distribution's documentation URL (its
+    ``[project.urls]``, read from the installed metadata), else the man page. Never a path
+    relative to a source checkout the user does not have."""
+    from importlib.metadata import PackageNotFoundError, metadata
+
+    try:
+        entries = metadata("genmanip").get_all("Project-URL") or []
+    except PackageNotFoundError:
+        entries = []
+    urls: dict[str, str] = {}
+    for entry in entries:
+        label, _, url = str(entry).partition(",")
+        if url.strip():
+            urls.setdefault(label.strip().lower(), url.strip())
+    for label in _DOC_LABELS:
+        if label in urls:
+            return urls[label]
+    if urls:
+        return next(iter(urls.values()))
+    return "see the gmp(1) man page (man gmp)"
 
 
 class VersionAction(argparse.Action):
@@ -93,10 +124,10 @@ class VersionAction(argparse.Action):
 
 def build_parser() -> argparse.ArgumentParser:
     """Return the full ``gmp`` parser (all subcommands, whether or not their package is installed)."""
-    parser = argparse.ArgumentParser(
+    parser = GmpArgumentParser(
         prog="gmp",
         description=_DESCRIPTION,
-        epilog=_EPILOG,
+        epilog=_EPILOG.format(docs=docs_pointer()),
         formatter_class=HelpFormatter,
         allow_abbrev=False,
     )

@@ -1,4 +1,4 @@
-"""``gmp plot`` and ``gmp clean`` (genmanip-artifacts)."""
+"""``gmp plot`` and ``gmp clean`` (genmanip-artifacts), ``gmp transcode`` (genmanip-results)."""
 
 from __future__ import annotations
 
@@ -32,6 +32,28 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
              help="only the PNG plots, no merged_with_plot.mp4")
 
     p = add_command(
+        subparsers, "transcode", handler="genmanip_results.transcode:transcode",
+        dist="genmanip-results",
+        help="make the H.264 mp4s of recorded episodes that only have their JPEG frames",
+        epilog="gmp eval --transcode deferred (the default) keeps each camera's JPEG frames as "
+               "received (<camera>.jpegs); viewers make an mp4 when they need one. This makes "
+               "them all now, atomically, and prints each video made on stdout. Unfinished "
+               "episodes are skipped. Exit codes: 0 done, 1 a video failed, 10 nothing to do.",
+    )
+    p.add_argument("runs", nargs="*", metavar="RUN",
+                   help="run directories or run ids (default: every run under --root)")
+    add_flag(p, "--root", metavar="DIR", default=None,
+             help="where runs are looked up (default: the current directory's results trees "
+                  "and $GENMANIP_RESULT_DIR)")
+    add_flag(p, "--jobs", "-j", metavar="N", type=int, default=2,
+             help="episodes transcoded at once (default: %(default)s)")
+    add_flag(p, "--drop-frames", action="store_true", default=False,
+             help="then delete each JPEG frame store whose mp4 has all its frames (the disk "
+                  "use of --transcode inline; the page's frame-by-frame player then plays the mp4)")
+    add_flag(p, "--json", dest="as_json", action="store_true", default=False,
+             help="a JSON summary on stdout")
+
+    p = add_command(
         subparsers, "clean", handler="genmanip_artifacts.cli:clean", dist=_DIST,
         help="remove generated files (viewer caches, plots, caches), safely",
         epilog="Lists what would go, by category with sizes; deletes only with --yes (or after a "
@@ -42,6 +64,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
              default=".", help="project root (default: the current directory)")
     add_flag(p, "--plots", action="store_true", default=False,
              help="also remove gmp plot outputs (PNGs, merged_with_plot.mp4, plot.log)")
+    add_flag(p, "--videos", action="store_true", default=False,
+             help="also remove the mp4s gmp made from a JPEG frame store that is still there "
+                  "(remade on demand)")
     add_flag(p, "--results", action="store_true", default=False,
              help="also remove submitted, finished runs of saved/eval_results")
     add_flag(p, "--all", action="store_true", default=False,

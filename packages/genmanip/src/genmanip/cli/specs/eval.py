@@ -15,7 +15,7 @@ _DIST = "genmanip-eval"
 def add_eval_flags(parser: argparse.ArgumentParser, *, connection: bool = True) -> None:
     """The flags of ``gmp eval``; ``gmp online run`` reuses them with ``connection=False``."""
     if connection:
-        add_connection_flags(parser, token_env="GMP_TOKEN")  # noqa: S106 - an env var name
+        add_connection_flags(parser, token_env="GMP_TOKEN", config_section="eval")  # noqa: S106 - an env var name
     run = parser.add_argument_group("run")
     add_flag(run, "--run-id", aliases=["--run_id"], metavar="ID", default=None,
              help="run id on the server (default: the server's current job)")
@@ -23,6 +23,13 @@ def add_eval_flags(parser: argparse.ArgumentParser, *, connection: bool = True) 
              help="comma-separated worker ids driven by this client (default: %(default)s)")
     add_flag(run, "--processes", metavar="N", type=int, default=1,
              help="client processes; worker ids are split between them (default: %(default)s)")
+    add_flag(run, "--json", dest="as_json", action="store_true", default=False,
+             help="print the final summary as JSON on stdout (per task and overall: n, successes, "
+                  "SR with its Wilson 95%% interval, mean score) instead of the table")
+    add_flag(run, "--allow-policy-change", aliases=["--allow_policy_change"], action="store_true",
+             default=False, help="resume a run (--run-id) with another policy or policy args than it "
+                                 "was recorded with (refused otherwise; run.json keeps each "
+                                 "invocation in 'segments')")
     add_flag(run, "--max-episodes", metavar="N", type=int, default=None,
              help="stop after N finished episodes (default: until the server's job is done)")
     add_flag(run, "--max-recoveries", metavar="N", type=int, default=5,
@@ -31,15 +38,56 @@ def add_eval_flags(parser: argparse.ArgumentParser, *, connection: bool = True) 
                   "(default: %(default)s)")
 
     policy = parser.add_argument_group("policy")
-    add_flag(policy, "--policy", metavar="SPEC", default="zero",
-             help="pkg.module:factory, or a name from the genmanip.policies entry points: zero, expert "
-                  "(genmanip-testbed), your own (default: %(default)s)")
+    add_flag(policy, "--policy", metavar="SPEC", default=None,
+             help="pkg.module:factory, a name from the genmanip.policies entry points (zero, expert "
+                  "from genmanip-testbed, your own), or ws://HOST:PORT (a policy server); required "
+                  "against a real server (the testbed runs zero without one)")
     add_flag(policy, "--policy-arg", aliases=["--policy_arg"], metavar="KEY=VALUE",
              action="append", default=[], help="argument for the policy factory (repeatable)")
     add_flag(policy, "--chunk-size", aliases=["--chunk_size"], metavar="N", type=int, default=1,
              help="actions per policy call (default: %(default)s)")
     add_flag(policy, "--step-chunk", aliases=["--step_chunk"], action="store_true", default=False,
              help="send a whole chunk per request (/step_chunk) instead of one /step per action")
+    add_flag(policy, "--runner", choices=["async", "lockstep"], default="async",
+             help="async: each worker steps on its own connection and the policy gets one call per "
+                  "batch of ready observations; lockstep: the reference loop, every worker's call in "
+                  "turn, then one /step for all (default: %(default)s)")
+    add_flag(policy, "--max-batch", aliases=["--max_batch"], metavar="N", type=int, default=None,
+             help="largest batch of observations per policy call (default: the number of workers, "
+                  "at most 32)")
+    add_flag(policy, "--max-wait-ms", aliases=["--max_wait_ms"], metavar="MS", type=float,
+             default=None, help="the longest an idle policy waits for workers that are due to "
+                                "join its batch (default: 200 for a batched policy, 0 for a "
+                                "per-worker one)")
+
+    scale = parser.add_argument_group("scale-out")
+    add_flag(scale, "--launcher", metavar="NAME", default="local",
+             help="where worker groups run: local (this machine's processes and threads) or ray "
+                  "(a Ray cluster; needs genmanip-ray) (default: %(default)s)")
+    add_flag(scale, "--ray-address", aliases=["--ray_address"], metavar="ADDR", default=None,
+             help="with --launcher ray: auto, ray://HOST:PORT, or none to start a local Ray "
+                  "(default: auto when a cluster runs, else local)")
+    add_flag(scale, "--workers-per-actor", aliases=["--workers_per_actor"], metavar="K", type=int,
+             default=None, help="with --launcher ray: worker ids each eval actor drives (default: 4)")
+    add_flag(scale, "--policy-replicas", aliases=["--policy_replicas"], metavar="N", type=int,
+             default=None, help="with --launcher ray: policy replica actors (default: 1)")
+    add_flag(scale, "--gpus-per-replica", aliases=["--gpus_per_replica"], metavar="F", type=float,
+             default=None, help="with --launcher ray: GPUs per policy replica; 0.5 puts two on one "
+                                "GPU (default: 0)")
+    add_flag(scale, "--cpus-per-replica", aliases=["--cpus_per_replica"], metavar="C", type=float,
+             default=None, help="with --launcher ray: CPUs per policy replica (default: 1)")
+
+    cmp = parser.add_argument_group("comparison")
+    add_flag(cmp, "--compare-to", aliases=["--compare_to"], metavar="RUN", default=None,
+             help="a recorded run (directory or run id) to compare with as episodes finish, "
+                  "paired on (task, seed), by an anytime-valid sequential test (see gmp compare)")
+    add_flag(cmp, "--stop-when-decided", aliases=["--stop_when_decided"], action="store_true",
+             default=False, help="with --compare-to: stop once the test has decided (better, "
+                                 "worse, or no difference larger than --delta)")
+    add_flag(cmp, "--alpha", metavar="A", type=float, default=0.05,
+             help="level of the sequential test (default: %(default)s)")
+    add_flag(cmp, "--delta", metavar="D", type=float, default=None,
+             help="the margin of 'no difference larger than D' (default: 0.1)")
 
     robot = parser.add_argument_group("robot")
     add_flag(robot, "--robot", aliases=["--robot_id", "--robot-id"], metavar="ID", default=None,
@@ -73,6 +121,10 @@ def add_eval_flags(parser: argparse.ArgumentParser, *, connection: bool = True) 
              help="do not record steps and videos (recording is on by default)")
     add_flag(rec, "--record", aliases=["--save_process", "--save-process"], dest="record",
              action="store_true", default=True, help=argparse.SUPPRESS)
+    add_flag(rec, "--transcode", choices=("deferred", "inline"), default="deferred",
+             help="when the H.264 videos are made: deferred = keep the JPEG frames as received and "
+             "make an mp4 when a viewer, plot or bundle needs one (or with gmp transcode); inline = "
+             "x264 after each episode, ~40 ms of CPU per 4-camera step (default: %(default)s)")
     add_flag(rec, "--live-every", aliases=["--live_every"], metavar="N", type=int, default=0,
              help="publish a live preview frame every N steps; 0 = off (default: %(default)s)")
     add_flag(rec, "--plot-on-episode-end", aliases=["--plot_on_episode_end"],
@@ -97,7 +149,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("configs", nargs="+", metavar="CONFIG", help="benchmark config path(s)")
     add_flag(p, "--run-id", aliases=["--run_id"], metavar="ID", default=None,
              help="run id (default: a new timestamped id; an existing id resumes that run)")
-    add_connection_flags(p, token_env="GMP_TOKEN")  # noqa: S106 - an env var name
+    add_connection_flags(p, token_env="GMP_TOKEN", config_section="eval")  # noqa: S106 - an env var name
 
     p = add_command(
         subparsers, "status", handler="genmanip_eval.cli:status", dist=_DIST,
@@ -112,7 +164,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
              help="refresh interval with --watch (default: %(default)s)")
     add_flag(p, "--run-id", aliases=["--run_id"], metavar="ID", default=None,
              help="warn when the server's current run is not this one")
-    add_connection_flags(p, token_env="GMP_TOKEN")  # noqa: S106 - an env var name
+    add_connection_flags(p, token_env="GMP_TOKEN", config_section="eval")  # noqa: S106 - an env var name
 
     p = add_command(
         subparsers, "demo", handler="genmanip.demo:run_demo", dist="genmanip",

@@ -1,0 +1,152 @@
+"""Zero-idle evaluation: the async runner against today's lockstep loop, side by side in one run.
+
+The issue's setting: the testbed in its own process (``testbed/reach``, ``--num-steps 30``,
+``latency=48ms`` on every eval route, no server saving, capacity 16), 8 workers, no recording; a
+synthetic GPU-like policy whose call on a batch of n observations costs 30 ms + 2 ms x n (a sleep:
+the GIL is free as it is while a GPU computes). The bound for 8 workers is W / (S + P(W)) =
+8 / (0.048 + 0.046) ~= 85 steps/s (every worker's step and one full batch in turn, no overlap).
+
+Rows: lockstep (1 process, one model copy), lockstep with 8 processes (8 model copies), async
+(1 process, one copy), async with the policy in ``gmp policy serve`` (another process, loopback);
+with a zero-cost policy, lockstep against async; and async with worker 0's
+resets taking 2 s: the other seven's steps/s against the same run without the slow worker.
+Each row runs ``--episodes`` episodes (``--max-episodes``) and reports steps / wall time of the
+whole ``run_eval`` (connect, resets and closing included).
+
+Usage: ``python bench/zero_idle.py [--episodes N] [--num-steps N] [--workers N]``; prints markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the policies module, in children too
+
+from _common import ServerProcess, Spawned
+from genmanip_eval import EvalConfig, run_eval
+from genmanip_runtime.transport import HttpTransport
+
+LATENCY = "48ms"
+#: camera frames on the wire (``--frames``): auto is raw on loopback without recording (7.4 MB per
+#: lift2 observation), jpeg is what the real server sends (~60 KB on the testbed)
+FRAMES = ["auto"]
+
+
+def _run(url: str, *, workers: int, episodes: int, runner: str, policy: str, processes: int = 1,
+         args: dict[str, str] | None = None,
+         ) -> tuple[float, Counter[str], dict[str, list[float]], dict[str, Any] | None]:
+    """(steps/s of the whole run, steps per worker, first and last step time per worker, batch stats)."""
+    per_worker: Counter[str] = Counter()
+    window: dict[str, list[float]] = {}
+    _new_job(url)  # every row starts on a fresh job of the same tasks
+
+    def emit(kind: str, payload: dict[str, Any]) -> None:
+        if kind == "steps" and "worker_id" in payload:
+            wid = str(payload["worker_id"])
+            per_worker[wid] += int(payload["n"])
+            now = time.perf_counter()
+            window.setdefault(wid, [now, now])[1] = now
+
+    cfg = EvalConfig(url=url, worker_ids=[str(i) for i in range(workers)], processes=processes,
+                     policy=policy, policy_args=dict(args or {}), record=False, runner=runner,
+                     max_episodes=episodes, frames=FRAMES[0])
+    t0 = time.perf_counter()
+    summary = run_eval(cfg, emit=emit)
+    wall = time.perf_counter() - t0
+    return summary.steps / wall, per_worker, window, summary.batching
+
+
+def _serve_policy(spec: str, q: Any, stop: Any) -> None:
+    from genmanip_serve import ServeOptions, serve_policy
+
+    with serve_policy(spec, options=ServeOptions(port=0)) as server:
+        q.put(f"ws://127.0.0.1:{server.port}")
+        stop.wait()
+
+
+class PolicyServerProcess(Spawned):
+    """``gmp policy serve`` of ``spec`` in its own process (as a user runs it): its ``ws://`` URL."""
+
+    def __init__(self, spec: str) -> None:
+        super().__init__(_serve_policy, spec)
+
+
+def _new_job(url: str) -> None:
+    with HttpTransport(url) as http:
+        # (a run id of its own: without one, the server may resume the job it has)
+        run_id = f"zero-idle-{uuid.uuid4().hex[:8]}"
+        body = json.dumps({"data": {"config_path": ["testbed/reach"], "run_id": run_id}}).encode()
+        http.request("POST", "/start_new_job", body=body, content_type="application/json",
+                     timeout=60.0).raise_for_status()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--episodes", type=int, default=24, help="episodes per row (default: 24)")
+    ap.add_argument("--num-steps", type=int, default=30, help="steps per episode (default: 30)")
+    ap.add_argument("--workers", type=int, default=8, help="workers (default: 8)")
+    ap.add_argument("--frames", choices=["auto", "raw", "jpeg"], default="auto",
+                    help="camera frames on the wire (default: auto: raw on loopback)")
+    opts = ap.parse_args(argv)
+    FRAMES[0] = opts.frames
+    w, eps = opts.workers, opts.episodes
+    gpu, free = "_zero_idle_policies:gpu", "_zero_idle_policies:free"
+    bound = w / (0.048 + (30 + 2 * w) / 1000.0)
+    conf = {"tasks": ("testbed/reach",), "num_steps": opts.num_steps, "capacity": 2 * w,
+            "save_process": False, "faults": f"latency={LATENCY}"}
+    rows: list[tuple[str, float, str]] = []
+    with ServerProcess(**conf) as url:
+        lock1, _, _, _ = _run(url, workers=w, episodes=eps, runner="lockstep", policy=gpu)
+        rows.append(("lockstep, 1 process (one model copy)", lock1, "1.00x"))
+        lockn, _, _, _ = _run(url, workers=w, episodes=eps, runner="lockstep", policy=gpu, processes=w)
+        rows.append((f"lockstep, {w} processes ({w} model copies)", lockn, f"{lockn / lock1:.2f}x"))
+        asy, _, _, batching = _run(url, workers=w, episodes=eps, runner="async", policy=gpu)
+        rows.append(("async, 1 process (one model copy)", asy, f"{asy / lock1:.2f}x"))
+        with PolicyServerProcess(gpu) as ws:
+            srv, _, _, _ = _run(url, workers=w, episodes=eps, runner="async", policy=ws)
+        rows.append(("async through gmp policy serve (loopback)", srv, f"{srv / lock1:.2f}x"))
+        zl, _, _, _ = _run(url, workers=w, episodes=eps, runner="lockstep", policy=free)
+        za, _, _, _ = _run(url, workers=w, episodes=eps, runner="async", policy=free)
+        rows.append(("zero-cost policy, lockstep", zl, "1.00x"))
+        rows.append(("zero-cost policy, async", za, f"{za / zl:.2f}x"))
+        _, base_pw, base_win, _ = _run(url, workers=w, episodes=eps, runner="async", policy=gpu)
+    with ServerProcess(**{**conf, "faults": f"latency={LATENCY},slow_reset=0@2s"}) as url:
+        _, slow_pw, slow_win, _ = _run(url, workers=w, episodes=eps, runner="async", policy=gpu)
+    others = [str(i) for i in range(1, w)]
+    print(f"{w} workers, testbed/reach, {opts.num_steps} steps/episode, latency={LATENCY}, "
+          f"{eps} episodes per row, frames {opts.frames}; GPU-like policy 30 ms + 2 ms x batch; "
+          f"bound {bound:.1f} steps/s\n")
+    print("| run | steps/s | vs first row | vs bound |")
+    print("|---|---:|---:|---:|")
+    for name, rate, ratio in rows:
+        vs_bound = f"{rate / bound:.2f}" if "zero-cost" not in name else "-"
+        print(f"| {name} | {rate:.1f} | {ratio} | {vs_bound} |")
+    fast_base = sum(base_pw[o] for o in others)
+    fast_slow = sum(slow_pw[o] for o in others)
+    print()
+    # (over the time those workers were stepping: from the first step of any to the last of any)
+    print("| async, worker 0's resets take 2 s | steps of workers 1.. | steps/s of workers 1.. | ratio |")
+    print("|---|---:|---:|---:|")
+    rate_base, rate_slow = fast_base / _span(base_win, others), fast_slow / _span(slow_win, others)
+    print(f"| without the slow worker | {fast_base} | {rate_base:.1f} | 1.00 |")
+    print(f"| with it | {fast_slow} | {rate_slow:.1f} | {rate_slow / max(1e-9, rate_base):.2f} |")
+    if batching:
+        print(f"\nasync batches (GPU-like row): mean size {batching['mean_batch']}, mean queue wait "
+              f"{batching['mean_queue_ms']} ms, sizes {batching['sizes']}")
+    return 0
+
+
+def _span(window: dict[str, list[float]], workers: list[str]) -> float:
+    spans = [window[w] for w in workers if w in window]
+    return max(1e-9, max(s[1] for s in spans) - min(s[0] for s in spans)) if spans else 1e-9
+
+
+if __name__ == "__main__":
+    sys.exit(main())
