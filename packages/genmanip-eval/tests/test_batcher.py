@@ -145,3 +145,18 @@ def test_bad_limits_are_refused() -> None:
         Batcher(lambda items: items, max_batch=0)
     with pytest.raises(ValueError, match="max_wait_s"):
         Batcher(lambda items: items, max_wait_s=-1)
+
+
+def test_batch_stats_of_two_processes_merge_with_weighted_means() -> None:
+    from genmanip_eval.batcher import merge_batch_stats
+
+    a = {"batches": 2, "items": 6, "mean_batch": 3.0, "mean_queue_ms": 10.0, "mean_call_ms": 30.0,
+         "sizes": {"2": 1, "4": 1}}
+    b = {"batches": 1, "items": 2, "mean_batch": 2.0, "mean_queue_ms": 2.0, "mean_call_ms": 60.0,
+         "sizes": {"2": 1}}
+    m = merge_batch_stats(a, b)
+    assert (m["batches"], m["items"], m["sizes"]) == (3, 8, {"2": 2, "4": 1})
+    assert m["mean_batch"] == round(8 / 3, 3)
+    assert m["mean_queue_ms"] == round((10.0 * 6 + 2.0 * 2) / 8, 3)
+    assert m["mean_call_ms"] == round((30.0 * 2 + 60.0) / 3, 3)
+    assert merge_batch_stats(None, b) == b

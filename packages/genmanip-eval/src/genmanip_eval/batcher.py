@@ -41,6 +41,7 @@ __all__ = [
     "BatchStats",
     "Batcher",
     "BatcherClosed",
+    "merge_batch_stats",
 ]
 
 T = TypeVar("T")
@@ -290,3 +291,18 @@ class Batcher(Generic[T]):
             self._release(batch)
             for r, value in zip(batch, results, strict=True):
                 r.future.set_result(BatchOutcome(value, (t0 - r.enqueued) * 1000, call_ms, len(batch)))
+
+
+def merge_batch_stats(a: dict[str, Any] | None, b: dict[str, Any]) -> dict[str, Any]:
+    """Two :meth:`BatchStats.as_dict` records as one (two processes', two actors'): counts add,
+    means are weighted by their counts; ``a`` None: ``b``."""
+    if not a:
+        return dict(b)
+    out: dict[str, Any] = {"batches": a["batches"] + b["batches"], "items": a["items"] + b["items"]}
+    sizes = {k: a["sizes"].get(k, 0) + b["sizes"].get(k, 0) for k in {*a["sizes"], *b["sizes"]}}
+    out["sizes"] = dict(sorted(sizes.items(), key=lambda kv: int(kv[0])))
+    out["mean_batch"] = round(out["items"] / out["batches"], 3) if out["batches"] else None
+    for key, weight in (("mean_queue_ms", "items"), ("mean_call_ms", "batches")):
+        total = sum((x[key] or 0.0) * x[weight] for x in (a, b))
+        out[key] = round(total / out[weight], 3) if out[weight] else None
+    return out

@@ -569,13 +569,13 @@ def evaluate(cfg: EvalConfig, console: Console, *, label: str = "eval",
         try:
             summary = _run_eval(cfg, emit=emit)
         except BaseException as exc:
-            rid = cfg.run_id or (st.run_id if st is not None else None)
-            if rid and label == "eval" and not isinstance(exc, (PolicyError, JobComplete)):
+            stopped_rid = cfg.run_id or (st.run_id if st is not None else None)
+            if stopped_rid and label == "eval" and not isinstance(exc, (PolicyError, JobComplete)):
                 # Stopped by Ctrl-C, SIGTERM, a dead server or a failure: finished episodes are
                 # kept, and this is how to do the rest (said after the error, by gmp's main).
                 progress.close()
                 console.info(f"{label}: stopped; finished episodes are kept. To resume: "
-                             f"{resume_command(cfg, str(rid))}")
+                             f"{resume_command(cfg, str(stopped_rid))}")
             raise
         finally:
             ticking.set()

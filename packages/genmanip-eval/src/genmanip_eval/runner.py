@@ -30,7 +30,7 @@ from typing import Any
 from genmanip_protocol.errors import ExitCode, GenmanipError
 from genmanip_runtime.text import SafeFormatter
 
-from .batcher import DEFAULT_MAX_BATCH, DEFAULT_MAX_WAIT_S, Batcher
+from .batcher import DEFAULT_MAX_BATCH, DEFAULT_MAX_WAIT_S, Batcher, merge_batch_stats
 from .client import DEFAULT_URL, EvalClient
 from .errors import PolicyError, WorkerProcessError
 from .hooks import load_episode_hook
@@ -610,20 +610,6 @@ def _run_lockstep(session: _Session, inference: Inference, stop: Any) -> None:
         client.close()
 
 
-def _merge_batching(a: dict[str, Any] | None, b: dict[str, Any]) -> dict[str, Any]:
-    """Batch statistics of two processes as one (counts add; means weighted by their counts)."""
-    if not a:
-        return dict(b)
-    out: dict[str, Any] = {"batches": a["batches"] + b["batches"], "items": a["items"] + b["items"]}
-    sizes = {k: a["sizes"].get(k, 0) + b["sizes"].get(k, 0) for k in {*a["sizes"], *b["sizes"]}}
-    out["sizes"] = dict(sorted(sizes.items(), key=lambda kv: int(kv[0])))
-    out["mean_batch"] = round(out["items"] / out["batches"], 3) if out["batches"] else None
-    for key, weight in (("mean_queue_ms", "items"), ("mean_call_ms", "batches")):
-        total = sum((x[key] or 0.0) * x[weight] for x in (a, b))
-        out[key] = round(total / out[weight], 3) if out[weight] else None
-    return out
-
-
 def _mean(values: list[float | None]) -> float | None:
     vals = [v for v in values if v is not None]
     return sum(vals) / len(vals) if vals else None
@@ -901,7 +887,7 @@ def _run_eval(cfg: EvalConfig, say: Emit, stop: Any, grace_s: float) -> RunSumma
         summary.restarts += r.get("restarts", 0)
         summary.codec = summary.codec or r["codec"]
         if r.get("batching"):
-            summary.batching = _merge_batching(summary.batching, r["batching"])
+            summary.batching = merge_batch_stats(summary.batching, r["batching"])
         for d in r["run_dirs"]:
             if d not in summary.run_dirs:
                 summary.run_dirs.append(d)

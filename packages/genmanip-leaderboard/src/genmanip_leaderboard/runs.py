@@ -25,9 +25,9 @@ __all__ = [
     "completeness",
     "default_roots",
     "discover_runs",
+    "policy_label",
     "resolve_run",
     "results_tree",
-    "policy_label",
     "run_summary",
     "select_run",
 ]
@@ -202,6 +202,6 @@ def policy_label(policy: dict[str, Any] | None) -> str:
     """``spec k=v ...`` of :func:`run_summary`'s ``policy`` (``+N more`` when it changed)."""
     if not policy:
         return "-"
-    text = policy["spec"] + "".join(f" {k}={v}" for k, v in policy.get("args", {}).items())
+    text = str(policy["spec"]) + "".join(f" {k}={v}" for k, v in policy.get("args", {}).items())
     extra = len(policy.get("all") or []) - 1
     return text + (f" (+{extra} more)" if extra > 0 else "")

@@ -222,11 +222,10 @@ class _LiveLine:
         raise NotImplementedError
 
     def _attach(self) -> None:
-        global _ACTIVE
         if self.live:
             with self.console.lock:
                 self.console._live = self
-                _ACTIVE = self
+                _Active.line = self
                 self._draw(force=True)
 
     def __exit__(
@@ -449,22 +448,23 @@ def table(
     return "\n".join(lines) + "\n"
 
 
-#: The live line on the terminal, if any (at most one is drawn at a time): what
-#: :func:`write_above_live` clears and redraws around text written outside a Console.
-_ACTIVE: _LiveLine | None = None
+class _Active:
+    """The live line on the terminal, if any (at most one is drawn at a time): what
+    :func:`write_above_live` clears and redraws around text written outside a Console."""
+
+    line: _LiveLine | None = None
 
 
 def _forget(line: _LiveLine) -> None:
-    global _ACTIVE
-    if _ACTIVE is line:
-        _ACTIVE = None
+    if _Active.line is line:
+        _Active.line = None
 
 
 def write_above_live(stream: TextIO, text: str) -> None:
     """Write ``text`` to ``stream`` without writing onto a live progress line drawn there: the
     line is cleared first and drawn again after (log records of gmp's logging handler come this
     way). ``text`` is written as given: format and make it safe before."""
-    live = _ACTIVE
+    live = _Active.line
     if live is None or live.console.stream is not stream:
         stream.write(text)
         stream.flush()
