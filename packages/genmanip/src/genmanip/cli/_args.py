@@ -136,6 +136,27 @@ def add_flag(
     return action
 
 
+class _Replaced(argparse.Action):
+    """A reference-client flag gmp does not have: using it is a usage error naming what to use."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, *, replacement: str,
+                 **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.replacement = replacement
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        parser.error(f"{option_string} is the reference client's; gmp has none: {self.replacement}")
+
+
+def add_replaced(container: _Container, *flags: str, replacement: str, takes_value: bool = False) -> None:
+    """Hidden ``flags`` of the reference client that gmp replaced: each exits 2 saying what to use
+    instead (``replacement``), never silently accepted nor a bare "unrecognized arguments"."""
+    container.add_argument(*flags, action=_Replaced, replacement=replacement, dest=argparse.SUPPRESS,
+                           default=argparse.SUPPRESS, help=argparse.SUPPRESS,
+                           nargs="?" if takes_value else 0)
+
+
 def add_bool_flag(
     container: _Container,
     name: str,

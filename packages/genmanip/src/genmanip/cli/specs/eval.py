@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .._args import add_command, add_connection_flags, add_flag
+from .._args import add_command, add_connection_flags, add_flag, add_replaced
 
 __all__ = ["add_eval_flags", "register"]
 
@@ -127,6 +127,12 @@ def add_eval_flags(parser: argparse.ArgumentParser, *, connection: bool = True) 
              "x264 after each episode, ~40 ms of CPU per 4-camera step (default: %(default)s)")
     add_flag(rec, "--live-every", aliases=["--live_every"], metavar="N", type=int, default=0,
              help="publish a live preview frame every N steps; 0 = off (default: %(default)s)")
+    add_replaced(rec, "--web_view", "--web-view",
+                 replacement="watch a run live with gmp viz (gmp eval --live-every N publishes its "
+                             "newest frames for the live view)")
+    add_replaced(rec, "--web_view_port", "--web_view_interval", "--web_view_scale",
+                 replacement="the live view is gmp viz (its --port); gmp eval --live-every N sets "
+                             "how often frames are published", takes_value=True)
     add_flag(rec, "--plot-on-episode-end", aliases=["--plot_on_episode_end"],
              action="store_true", default=False,
              help="plot each episode when it ends (needs genmanip-artifacts)")
@@ -141,6 +147,16 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                "--policy-arg ckpt=last.pt --worker-ids 0,1",
     )
     add_eval_flags(p)
+
+    for name in ("analyse", "analyze"):
+        a = add_command(
+            subparsers, name, handler="genmanip.replaced:analyse", dist="genmanip", hidden=True,
+            help="the reference client's analysis command (replaced)",
+        )
+        # Whatever follows (the reference's own flags, --run ...) is taken as words, so the
+        # message names the replacements instead of "unrecognized arguments".
+        a.prefix_chars = a._optionals.prefix_chars = "\x00"
+        a.add_argument("args", nargs="*", help=argparse.SUPPRESS)
 
     p = add_command(
         subparsers, "submit", handler="genmanip_eval.cli:submit", dist=_DIST,

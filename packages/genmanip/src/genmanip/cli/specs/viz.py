@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .._args import add_command, add_flag, add_group
+from .._args import add_command, add_flag, add_group, add_replaced
 
 __all__ = ["register"]
 
@@ -41,6 +41,8 @@ def _register_viz(subparsers: argparse._SubParsersAction[Any], name: str, *, hid
     tls.add_argument("--http", dest="https", action="store_const", const=False,
                      help="force plain HTTP (beyond loopback the access token is still required)")
     add_flag(p, "--open", action="store_true", default=False, help="open the URL in a browser")
+    add_replaced(p, "--flush-cache", "--flush_cache",
+                 replacement="gmp clean removes the viewer's caches (gmp clean --dry-run lists them)")
 
     actions = add_group(p, dest="viz_action")
     b = add_command(
