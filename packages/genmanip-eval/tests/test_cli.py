@@ -67,3 +67,15 @@ def test_submit_status_handlers(tmp_path: Path, capsys: pytest.CaptureFixture[st
         assert status(**kw(STATUS, url=tb.url, as_json=True)) == 0
         out, _ = capsys.readouterr()
         assert json.loads(out)["run_id"] == "x1"
+
+
+def test_the_live_line_shows_success_per_task_so_far() -> None:
+    import time
+
+    from genmanip_eval.cli import _live_fields
+
+    state = {"episodes": 3, "successes": 2, "steps": 10, "t0": time.perf_counter() - 1.0,
+             "lat": {"n": 0}, "by_task": {"testbed/reach/red": [2, 1], "testbed/reach/blue": [1, 1]}}
+    assert _live_fields(state)["tasks"] == "blue 1/1 red 1/2"
+    state["by_task"] = {"testbed/reach/red": [2, 1]}
+    assert "tasks" not in _live_fields(state)  # one task: the SR field says it already

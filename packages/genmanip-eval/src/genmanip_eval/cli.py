@@ -101,6 +101,10 @@ def _live_fields(state: dict[str, Any]) -> dict[str, Any]:
         fields["SR"] = f"{k / n:.2f} [{lo:.2f},{hi:.2f}]"
     el = max(1e-9, time.perf_counter() - state["t0"])
     fields["steps/s"] = round(state["steps"] / el, 1)
+    by_task = state.get("by_task") or {}
+    if len(by_task) > 1:
+        # per task so far, short names (the live line is cut to the terminal's width)
+        fields["tasks"] = " ".join(f"{t.rsplit('/', 1)[-1]} {ok}/{n}" for t, (n, ok) in sorted(by_task.items()))
     until = state.get("waiting_until")
     if until is not None:
         fields["server"] = f"unreachable, giving up in {max(0, round(until - time.monotonic()))} s"
@@ -486,6 +490,7 @@ def evaluate(cfg: EvalConfig, console: Console, *, label: str = "eval",
     state: dict[str, Any] = {
         "episodes": 0,
         "successes": 0,
+        "by_task": {},
         "steps": 0,
         "t0": time.perf_counter(),
         "lat": {"n": 0, "network": 0.0, "server": 0.0, "server_n": 0, "policy": 0.0, "policy_n": 0,
@@ -517,6 +522,9 @@ def evaluate(cfg: EvalConfig, console: Console, *, label: str = "eval",
             elif kind == "episode":
                 state["episodes"] += 1
                 state["successes"] += 1 if payload["success"] else 0
+                done_ok = state["by_task"].setdefault(str(payload["task_name"]), [0, 0])
+                done_ok[0] += 1
+                done_ok[1] += 1 if payload["success"] else 0
                 progress.update(1, **_live_fields(state))
                 if not progress.live:
                     mark = "success" if payload["success"] else "failure"
