@@ -490,3 +490,22 @@ def test_scanner_concurrent_scans_agree(tmp_path: Path) -> None:
         t.join()
     assert errors == []
     assert len(results) == 20 and all(r == expected for r in results)
+
+
+def test_a_runs_policy_and_every_policy_of_a_resumed_run(tmp_path: Path) -> None:
+    import json
+
+    from genmanip_results.discovery import policy_label, run_policy
+
+    run = tmp_path / "client_results" / "testbed" / "pol"
+    run.mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps({
+        "policy": {"spec": "mypol:make", "args": {"ckpt": "b.pt"}},
+        "segments": [{"id": "1", "policy": {"spec": "mypol:make", "args": {"ckpt": "a.pt"}}},
+                     {"id": "2", "policy": {"spec": "mypol:make", "args": {"ckpt": "b.pt"}}}],
+    }))
+    info = load_run(run)
+    pol = run_policy(info)
+    assert pol is not None and pol["spec"] == "mypol:make" and len(pol["all"]) == 2
+    assert policy_label(pol) == "mypol:make ckpt=b.pt (+1 more)"
+    assert policy_label(None) == "-"

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from genmanip_protocol.errors import ExitCode, ValidationError, Violation
+from genmanip_results.discovery import policy_label
 from genmanip_runtime.config import resolve_setting, resolve_token
 from genmanip_runtime.console import Console, Progress, table
 from genmanip_runtime.redact import scrub_secrets
@@ -25,7 +26,7 @@ from genmanip_runtime.text import safe_text
 from .bundle import Bundle, build_bundle
 from .client import DEFAULT_HOST, DEFAULT_PORT, LeaderboardClient
 from .errors import MissingTokenError
-from .runs import default_roots, discover_runs, policy_label, resolve_run, run_summary, select_run
+from .runs import default_roots, discover_runs, resolve_run, run_summary, select_run
 from .submit import submit_run
 
 __all__ = [

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from genmanip_results.discovery import RunInfo, find_runs, is_run_dir, load_run
+from genmanip_results.discovery import RunInfo, find_runs, is_run_dir, load_run, run_policy
 from genmanip_results.roots import search_roots as default_roots
 
 from .errors import AmbiguousRunError, RunNotFoundError
@@ -25,7 +25,6 @@ __all__ = [
     "completeness",
     "default_roots",
     "discover_runs",
-    "policy_label",
     "resolve_run",
     "results_tree",
     "run_summary",
@@ -174,34 +173,6 @@ def run_summary(run: RunInfo) -> dict[str, Any]:
         "submission_id": (sub or {}).get("submission_id"),
         "live": bool(run.live),
         "updated": run.updated,
-        "policy": _policy_of(run),
+        "policy": run_policy(run),
     }
 
-
-def _policy_of(run: RunInfo) -> dict[str, Any] | None:
-    """The policy a client-recorded run was evaluated with (``run.json``: spec and args), every
-    one of them when resumed with another (``segments``); None for a server-layout run."""
-    manifest = run.manifest if isinstance(run.manifest, dict) else {}
-    pol = manifest.get("policy")
-    if not isinstance(pol, dict):
-        return None
-    out: dict[str, Any] = {"spec": str(pol.get("spec")), "args": dict(pol.get("args") or {})}
-    seen = []
-    for seg in manifest.get("segments") or []:
-        p = seg.get("policy") if isinstance(seg, dict) else None
-        if isinstance(p, dict):
-            entry = {"spec": str(p.get("spec")), "args": dict(p.get("args") or {})}
-            if entry not in seen:
-                seen.append(entry)
-    if len(seen) > 1:
-        out["all"] = seen
-    return out
-
-
-def policy_label(policy: dict[str, Any] | None) -> str:
-    """``spec k=v ...`` of :func:`run_summary`'s ``policy`` (``+N more`` when it changed)."""
-    if not policy:
-        return "-"
-    text = str(policy["spec"]) + "".join(f" {k}={v}" for k, v in policy.get("args", {}).items())
-    extra = len(policy.get("all") or []) - 1
-    return text + (f" (+{extra} more)" if extra > 0 else "")

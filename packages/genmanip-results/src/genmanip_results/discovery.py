@@ -65,7 +65,9 @@ __all__ = [
     "is_run_dir",
     "load_episode",
     "load_run",
+    "policy_label",
     "read_locks",
+    "run_policy",
 ]
 
 log = logging.getLogger(__name__)
@@ -859,3 +861,32 @@ class RunScanner:
             if k not in live:
                 del self._episodes[k]
         return _sort_runs(runs)
+
+
+def run_policy(run: RunInfo) -> dict[str, Any] | None:
+    """The policy a client-recorded run was evaluated with (``run.json``: spec and args), every
+    one of them when resumed with another (``segments``); None for a server-layout run."""
+    manifest = run.manifest if isinstance(run.manifest, dict) else {}
+    pol = manifest.get("policy")
+    if not isinstance(pol, dict):
+        return None
+    out: dict[str, Any] = {"spec": str(pol.get("spec")), "args": dict(pol.get("args") or {})}
+    seen = []
+    for seg in manifest.get("segments") or []:
+        p = seg.get("policy") if isinstance(seg, dict) else None
+        if isinstance(p, dict):
+            entry = {"spec": str(p.get("spec")), "args": dict(p.get("args") or {})}
+            if entry not in seen:
+                seen.append(entry)
+    if len(seen) > 1:
+        out["all"] = seen
+    return out
+
+
+def policy_label(policy: dict[str, Any] | None) -> str:
+    """``spec k=v ...`` of :func:`run_summary`'s ``policy`` (``+N more`` when it changed)."""
+    if not policy:
+        return "-"
+    text = str(policy["spec"]) + "".join(f" {k}={v}" for k, v in policy.get("args", {}).items())
+    extra = len(policy.get("all") or []) - 1
+    return text + (f" (+{extra} more)" if extra > 0 else "")

@@ -14,7 +14,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from urllib.parse import quote
 
-from genmanip_results.discovery import EpisodeInfo
+from genmanip_results.discovery import EpisodeInfo, policy_label, run_policy
 
 from .index import Comparison, GroupStats, LiveWorker, RunView, Snapshot, group_stats
 
@@ -132,6 +132,7 @@ def runs_page(snap: Snapshot, root_label: str) -> str:
             f'<td data-v="{esc(info.benchmark)}">{esc(info.benchmark)}</td>'
             f'<td data-v="{esc(info.run_id)}"><a href="/run/{v.key}">{esc(info.run_id)}</a> {workers}</td>'
             f'<td data-v="{esc(info.layout)}" class="muted">{esc(info.layout)}</td>'
+            f'<td data-v="{esc(policy_label(run_policy(info)))}">{esc(policy_label(run_policy(info)))}</td>'
             f'<td data-v="{info.created or 0:.3f}">{esc(_when(info.created))}</td>'
             f'<td class="num" data-v="{st.n}">{esc(eps)}</td>'
             f"{_sr_cell(st)}"
@@ -147,7 +148,7 @@ def runs_page(snap: Snapshot, root_label: str) -> str:
         body = (
             f'<h1>Runs <span class="muted small">{len(rows)} under <code>{esc(root_label)}</code></span></h1>'
             '<table class="sortable" id="runs"><thead><tr>'
-            "<th>benchmark</th><th>run</th><th>layout</th><th>created</th>"
+            "<th>benchmark</th><th>run</th><th>layout</th><th>policy</th><th>created</th>"
             '<th class="num">episodes</th><th class="num">success rate [95% CI]</th>'
             '<th class="num">mean score</th></tr></thead><tbody>'
             + "".join(rows)
@@ -204,6 +205,7 @@ def run_page(
         + (f" of {info.total_episodes}" if info.total_episodes else "")
         + f" · success rate <b>{_pct(st.sr)}</b> "
         f'<span class="ci">[{_pct(st.ci[0])}, {_pct(st.ci[1])}]</span> · mean score {_num(st.mean_score)}'
+        f" · policy <code>{esc(policy_label(run_policy(info)))}</code>"
         f" · layout {esc(info.layout)} · created {esc(_when(info.created))}</p>"
     )
     toggle_href = f"/run/{view.key}" + ("" if failures_only else "?failures=1")
