@@ -132,3 +132,42 @@ def test_plot_and_clean_find_the_demo_run(demo: tuple[Path, Path]) -> None:
     assert str((episode / "state_plot.png").relative_to(cwd)) in listed
     assert str(ours.relative_to(cwd)) in listed and "stale.tmp" not in listed
     assert inside.exists() and outside.exists() and ours.exists()  # a dry run deletes nothing
+
+
+def test_ctrl_c_stops_viz_quietly(demo: tuple[Path, Path]) -> None:
+    # A terminal's Ctrl-C reaches the whole process group (the viewer's builder processes too):
+    # gmp viz stops with exit 130 and no traceback (issue 19: it printed a multiprocessing one).
+    import signal
+
+    cwd, run_dir = demo
+    proc = subprocess.Popen(
+        [*_gmp_argv(), "viz", "--port", "0"], cwd=cwd, env=_env(), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        assert url.startswith("http://"), proc.stderr.read() if proc.stderr else url
+        deadline = time.monotonic() + 60
+        page = ""
+        while time.monotonic() < deadline and run_dir.name not in page:
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                page = resp.read().decode("utf-8", "replace")
+            time.sleep(0.3)
+        # an episode page starts the recording builder's processes
+        ep = next(p.parent for p in run_dir.rglob(layout.RESULT_JSON))
+        key = page.split('href="/run/', 1)[1].split('"', 1)[0]
+        for path in (f"/run/{key}", f"/episode/{key}/{ep.relative_to(run_dir).as_posix()}"):
+            try:
+                urllib.request.urlopen(url.rstrip("/") + path, timeout=30).read()
+            except OSError:
+                pass
+        time.sleep(1.0)
+        os.killpg(proc.pid, signal.SIGINT)
+        _out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err, err

@@ -16,7 +16,7 @@ from genmanip_results.layout import EPISODE_RRD
 from genmanip_runtime.console import Console, Progress
 
 from .errors import NoRunError, VizDependencyError
-from .recording import build_recording, recording_is_fresh
+from .recording import build_recording, builder_process_init, recording_is_fresh
 
 __all__ = ["build", "serve"]
 
@@ -119,7 +119,8 @@ def build(*, run_dir: str, jobs: int | None, console: Console) -> int:
         ctx = multiprocessing.get_context("spawn")
         with (
             Progress(len(todo), "building recordings", console, unit="episodes") as prog,
-            concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool,
+            concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=ctx,
+                                                   initializer=builder_process_init) as pool,
         ):
             futures = {pool.submit(build_recording, e): e for e in todo}
             for fut in concurrent.futures.as_completed(futures):

@@ -77,6 +77,7 @@ __all__ = [
     "SIDECAR_NAME",
     "EpisodeData",
     "build_recording",
+    "builder_process_init",
     "input_fingerprint",
     "load_episode_data",
     "recording_is_fresh",
@@ -579,3 +580,11 @@ def build_recording(episode: EpisodeInfo, *, force: bool = False) -> Path:
         part.unlink(missing_ok=True)
         raise
     return out
+
+
+def builder_process_init() -> None:
+    """Initializer of the processes that build recordings: Ctrl-C is the parent's to handle (it
+    stops the pool); a child that took it too would print a traceback per process."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -76,7 +76,13 @@ from . import pages
 from .assets import VIEWER_FILES, ensure_viewer_assets
 from .errors import PortInUseError, RecordingBuildError
 from .index import ResultsIndex, RunView, compare_runs, live_workers
-from .recording import SERVER_RRD_NAME, build_recording, recording_is_fresh, recording_path
+from .recording import (
+    SERVER_RRD_NAME,
+    build_recording,
+    builder_process_init,
+    recording_is_fresh,
+    recording_path,
+)
 
 __all__ = ["RecordingPool", "VizServer", "bind_socket", "create_app", "is_loopback"]
 
@@ -148,7 +154,8 @@ class RecordingPool:
         if self._executor is None:
             # spawn: the server has threads (uvicorn, scanner); forking them is not safe.
             self._executor = concurrent.futures.ProcessPoolExecutor(
-                max_workers=self.workers, mp_context=multiprocessing.get_context("spawn")
+                max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"),
+                initializer=builder_process_init,
             )
             self._submitted = 0
         return self._executor
