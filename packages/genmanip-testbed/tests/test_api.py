@@ -60,6 +60,7 @@ def test_msgpack_wire_raw_and_jpeg_frames() -> None:
         st, proto = raw.get_json("/protocol")
         assert proto == {
             "server": "genmanip-testbed",
+            "testbed": True,
             "version": genmanip_testbed.__version__,
             "protocol_versions": [1],
             "codecs": ["msgpack", "legacy"],
