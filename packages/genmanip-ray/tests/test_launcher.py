@@ -55,7 +55,9 @@ def test_four_workers_over_two_actors_match_the_local_launcher(tmp_path: Path) -
     assert ray_run[2].count("episode") == 8
     manifest = run_json(ray_run[1])
     assert manifest["launcher"] == "ray"
-    assert manifest["workers"] == ["0", "1", "2", "3"]
+    # (the workers that recorded: under load one actor may start after the other's workers took
+    # every episode; the cluster section below names every actor's workers whatever they did)
+    assert set(manifest["workers"]) <= {"0", "1", "2", "3"} and manifest["workers"]
     cluster = manifest["cluster"]
     assert [a["workers"] for a in cluster["actors"]] == [["0", "1"], ["2", "3"]]
     assert len(cluster["replicas"]) == 1 and cluster["replicas"][0]["num_gpus"] == 0.0

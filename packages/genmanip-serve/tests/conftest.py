@@ -85,8 +85,16 @@ def openpi_client_path(tmp_path_factory: pytest.TempPathFactory) -> str | None:
     if importlib.util.find_spec("openpi_client") is not None:
         return None
     target = tmp_path_factory.mktemp("openpi-client")
+    pip = [sys.executable, "-m", "pip"]
+    if subprocess.run([*pip, "--version"], capture_output=True, check=False).returncode != 0:
+        # An environment without pip (hatch's, made by uv): a throwaway venv brings one (the
+        # standard library's ensurepip), and installs into the target directory for us.
+        tools = tmp_path_factory.mktemp("pip-venv")
+        subprocess.run([sys.executable, "-m", "venv", str(tools)], check=True, timeout=300,
+                       capture_output=True)
+        pip = [str(tools / "bin" / "python"), "-m", "pip"]
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check",
+        [*pip, "install", "-q", "--no-deps", "--disable-pip-version-check",
          "--target", str(target), "openpi-client==0.1.2"],
         capture_output=True, text=True, timeout=300, check=False,
     )

@@ -156,15 +156,17 @@ class Wire:
             q.update({k: str(v) for k, v in extra.items() if v is not None})
         return q or None
 
-    def retry(self, fn: Callable[[], Any], *, deadline: float = 30.0) -> Any:
-        """``fn()`` repeated while it fails in a way that is safe to repeat (nothing executed)."""
+    def retry(self, fn: Callable[[], Any], *, deadline: float = 30.0, idempotent: bool = False) -> Any:
+        """``fn()`` repeated while it fails in a way that is safe to repeat: nothing executed, or
+        ``idempotent`` (``/kill``, ``GET /status``: running twice is running once), then also a
+        connection lost after sending."""
 
         def retryable(exc: BaseException) -> bool:
             if isinstance(exc, ConnectError):
                 return True
             if isinstance(exc, HTTPStatusError):
                 return exc.status in (502, 503)
-            return isinstance(exc, TransportError) and not exc.maybe_executed
+            return isinstance(exc, TransportError) and (idempotent or not exc.maybe_executed)
 
         return retry_call(
             fn,
@@ -194,7 +196,8 @@ class Wire:
                 expect="application/json",
             )
 
-        resp = self.retry(call, deadline=retry_deadline) if retry else call()
+        # (retry=True is for the routes that are safe to repeat: /kill, /status, /docs)
+        resp = self.retry(call, deadline=retry_deadline, idempotent=True) if retry else call()
         return resp.json()
 
     def call(
