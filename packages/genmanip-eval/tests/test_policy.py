@@ -148,7 +148,7 @@ def test_bad_specs(spec: str) -> None:
 
 
 def test_policy_without_methods() -> None:
-    with pytest.raises(PolicyError, match="neither get_action"):
+    with pytest.raises(PolicyError, match="has none of get_action"):
         PolicyHandle(object())
 
 

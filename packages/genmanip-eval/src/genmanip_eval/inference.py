@@ -213,6 +213,12 @@ class Inference:
             self._per_worker[item.worker_id] = inst
         return inst
 
+    def reset_worker(self, worker_id: str) -> None:
+        """Tell the policy that ``worker_id`` starts an episode now (its ``reset(worker_id)``, or
+        that worker's instance's ``reset()``); :meth:`actions` does it by itself for items whose
+        ``new_episode`` is set."""
+        self._resets([BatchItem(worker_id, None, None, new_episode=True)])
+
     def _resets(self, batch: Sequence[BatchItem]) -> None:
         for it in batch:
             if not it.new_episode:

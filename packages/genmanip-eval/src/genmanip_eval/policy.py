@@ -455,45 +455,52 @@ def _unwrap(result: Any, what: str) -> Any:
 
 
 class PolicyHandle:
-    """A loaded policy instance with the checks ``gmp eval`` needs."""
+    """One per-worker policy instance, called one observation at a time.
+
+    A view of :class:`genmanip_eval.inference.Inference` (the one place policies are called,
+    checked and their errors named) for code that drives a single worker itself.
+    """
 
     def __init__(self, policy: Any, *, name: str = "policy") -> None:
+        from .inference import Inference, is_batched
+
+        if is_batched(policy):
+            raise PolicyError(
+                f"{name}: a batched policy (get_actions(batch)): call it through "
+                "genmanip_eval.inference.Inference"
+            )
         self.policy = policy
         self.name = name
-        self.has_action = callable(getattr(policy, "get_action", None))
-        self.has_chunk = callable(getattr(policy, "get_action_chunk", None))
-        if not (self.has_action or self.has_chunk):
-            raise PolicyError(
-                f"{name}: the object returned by the factory ({type(policy).__name__}) has neither "
-                "get_action(obs) nor get_action_chunk(obs)"
-            )
+        self._inference = Inference.wrap(policy, name=name)
+        self.has_action = self._inference.has_action
+        self.has_chunk = self._inference.has_chunk
 
     @classmethod
     def create(cls, spec: str, args: Mapping[str, str] | None = None) -> PolicyHandle:
         """Load ``spec`` and instantiate it with ``args``."""
         return cls(instantiate(spec, load_policy_factory(spec), args), name=spec)
 
-    def _call(self, what: str, fn: Any, *args: Any) -> Any:
-        try:
-            return fn(*args)
-        except PolicyError:
-            raise
-        except Exception as exc:
-            # The user's code failed, not gmp: say so, and where (the traceback is shown with -v).
-            raise policy_code_error(f"{self.name}: {what}", exc, module=_module_of(self.policy)) from exc
-
     def reset(self) -> None:
-        fn = getattr(self.policy, "reset", None)
-        if callable(fn):
-            self._call("reset()", fn)
+        """The policy's ``reset()`` (before an episode's first observation), if it has one."""
+        self._inference.reset_worker(_ONE_WORKER)
 
     def action(self, obs: Any) -> Any:
-        result = self._call("get_action(obs)", self.policy.get_action, obs)
-        return check_action(self.name, "get_action", result)
+        """One action dict for ``obs`` (``get_action``)."""
+        return self._inference.actions([self._item(obs)])[0]
 
     def chunk(self, obs: Any) -> list[Any]:
-        result = self._call("get_action_chunk(obs)", self.policy.get_action_chunk, obs)
-        return check_chunk(self.name, "get_action_chunk", result)
+        """A non-empty list of action dicts for ``obs`` (``get_action_chunk``)."""
+        return self._inference.chunks([self._item(obs)])[0]
+
+    @staticmethod
+    def _item(obs: Any) -> Any:
+        from .inference import BatchItem
+
+        return BatchItem(_ONE_WORKER, None, obs)
+
+
+#: The worker id of a :class:`PolicyHandle`'s calls (it drives one worker).
+_ONE_WORKER = "0"
 
 
 def check_action(name: str, what: str, result: Any) -> dict[str, Any]:
