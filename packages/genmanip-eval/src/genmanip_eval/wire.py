@@ -12,7 +12,14 @@ from typing import Any
 
 from genmanip_protocol.codec import get_codec
 from genmanip_protocol.errors import GenmanipError, ResponseError, Violation
-from genmanip_runtime.errors import ConnectError, HTTPStatusError, RequestAborted, TransportError
+from genmanip_runtime.errors import (
+    ConnectError,
+    HTTPStatusError,
+    RequestAborted,
+    ResponseTooLarge,
+    TransportError,
+    UnexpectedReply,
+)
 from genmanip_runtime.retry import Backoff, retry_call
 from genmanip_runtime.text import safe_text
 from genmanip_runtime.transport import HttpTransport
@@ -166,6 +173,8 @@ class Wire:
                 return True
             if isinstance(exc, HTTPStatusError):
                 return exc.status in (502, 503)
+            if isinstance(exc, (ResponseTooLarge, UnexpectedReply)) or not getattr(exc, "retryable", True):
+                return False  # (the same reply again: a server's answer, not a lost connection)
             return isinstance(exc, TransportError) and (idempotent or not exc.maybe_executed)
 
         return retry_call(

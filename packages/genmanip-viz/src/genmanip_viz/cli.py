@@ -16,7 +16,7 @@ from genmanip_results.layout import EPISODE_RRD
 from genmanip_runtime.console import Console, Progress
 
 from .errors import NoRunError, VizDependencyError
-from .recording import build_recording, builder_process_init, recording_is_fresh
+from .recording import IGNORE_SIGINT, build_recording, recording_is_fresh
 
 __all__ = ["build", "serve"]
 
@@ -120,7 +120,7 @@ def build(*, run_dir: str, jobs: int | None, console: Console) -> int:
         with (
             Progress(len(todo), "building recordings", console, unit="episodes") as prog,
             concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=ctx,
-                                                   initializer=builder_process_init) as pool,
+                                                   **IGNORE_SIGINT) as pool,
         ):
             futures = {pool.submit(build_recording, e): e for e in todo}
             for fut in concurrent.futures.as_completed(futures):

@@ -47,6 +47,7 @@ import hashlib
 import json
 import math
 import os
+import signal
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,11 +74,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BUILDER_VERSION",
+    "IGNORE_SIGINT",
     "RRD_NAME",
     "SIDECAR_NAME",
     "EpisodeData",
     "build_recording",
-    "builder_process_init",
     "input_fingerprint",
     "load_episode_data",
     "recording_is_fresh",
@@ -582,9 +583,8 @@ def build_recording(episode: EpisodeInfo, *, force: bool = False) -> Path:
     return out
 
 
-def builder_process_init() -> None:
-    """Initializer of the processes that build recordings: Ctrl-C is the parent's to handle (it
-    stops the pool); a child that took it too would print a traceback per process."""
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+#: ``ProcessPoolExecutor`` keywords of the processes that build recordings: they ignore SIGINT
+#: (Ctrl-C is the parent's to handle: it stops the pool; a child that took it too would print a
+#: traceback each). ``signal.signal`` itself is the initializer, so a child sets it before it
+#: imports anything of gmp (a Ctrl-C during that import would still print one).
+IGNORE_SIGINT: dict[str, Any] = {"initializer": signal.signal, "initargs": (signal.SIGINT, signal.SIG_IGN)}

@@ -77,9 +77,9 @@ from .assets import VIEWER_FILES, ensure_viewer_assets
 from .errors import PortInUseError, RecordingBuildError
 from .index import ResultsIndex, RunView, compare_runs, live_workers
 from .recording import (
+    IGNORE_SIGINT,
     SERVER_RRD_NAME,
     build_recording,
-    builder_process_init,
     recording_is_fresh,
     recording_path,
 )
@@ -155,7 +155,7 @@ class RecordingPool:
             # spawn: the server has threads (uvicorn, scanner); forking them is not safe.
             self._executor = concurrent.futures.ProcessPoolExecutor(
                 max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"),
-                initializer=builder_process_init,
+                **IGNORE_SIGINT,
             )
             self._submitted = 0
         return self._executor
