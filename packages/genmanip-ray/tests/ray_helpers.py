@@ -63,10 +63,11 @@ def last_attempts(snapshot: Mapping[str, Any]) -> dict[str, int]:
 def assert_exactly_once(tb: Any, run_dir: Path, summary: Any, total: int, *, killed: int = 0) -> RunCheck:
     """0 duplicated actions, 0 lost episodes, nothing counted twice; the tree passes the checker.
 
-    ``killed``: processes killed outright (SIGKILL, ``ray.kill``). As for any client killed so
+    ``killed``: workers whose process was killed outright (SIGKILL, ``ray.kill``). As for any client killed so
     (bench/reliability/client_kill.py), an episode whose result reply reached a process that was
     killed before writing it stays unrecorded, its INCOMPLETE marker giving the reason and the
-    server keeping its score: at most one per killed process, and never silently."""
+    server keeping its score: at most one per such worker (each worker's lane has one request in
+    flight), and never silently."""
     assert tb.wait_finalizes(60)
     snap = tb.stats.snapshot()
     server_done = {str(p.parent.relative_to(tb.run_dir.parent.parent)) for p in tb.run_dir.rglob("result_info.json")}

@@ -66,7 +66,7 @@ def test_an_eval_actor_killed_mid_episode_is_taken_over(tmp_path: Path) -> None:
         summary = out["summary"]
         assert summary.complete  # type: ignore[attr-defined]
         run_dir = Path(summary.run_dirs[0])  # type: ignore[attr-defined]
-        assert_exactly_once(tb, run_dir, summary, 8, killed=1)
+        assert_exactly_once(tb, run_dir, summary, 8, killed=2)  # the killed actor's two workers
     assert log.count("takeover") == 1
     actors = run_json(run_dir)["cluster"]["actors"]
     assert [(a["group"], a["generation"], a.get("state")) for a in actors if a["group"] == 1] == [
@@ -132,7 +132,7 @@ def test_a_killed_driver_is_resumed_and_runs_exactly_the_missing_episodes(tmp_pa
         class _S:
             episodes = report["episodes"]
 
-        chk = assert_exactly_once(tb, run_dir, _S, total, killed=2)  # the driver's two actors
+        chk = assert_exactly_once(tb, run_dir, _S, total, killed=4)  # the driver's actors' 4 workers
     # exactly the missing ones: nothing finished before the kill was rewritten, nor run again
     for p, data in done_before.items():
         assert p.read_bytes() == data
