@@ -76,6 +76,11 @@ class _Killer:
         self.stats_out = stats_out
         self.core: EvalCore | None = None
         self.lock = threading.Lock()
+        # One writer of the stats file at a time (the main loop's rewrites and a dying request
+        # thread share the tmp name), and one death: two lanes' requests may reach the moment
+        # together; the second waits for the SIGKILL the first sends.
+        self.dump_lock = threading.Lock()
+        self.death = threading.Lock()
         self.actions = 0  # applied (or about to be: counted before _apply runs)
         self.handed_out = 0  # finished episodes' results handed out (_consume)
         self.ending_reply_left = threading.Event()
@@ -88,11 +93,13 @@ class _Killer:
     def dump(self) -> None:
         if self.stats_out is None or self.core is None:
             return
-        tmp = self.stats_out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.core.stats.snapshot()))
-        os.replace(tmp, self.stats_out)
+        with self.dump_lock:
+            tmp = self.stats_out.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.core.stats.snapshot()))
+            os.replace(tmp, self.stats_out)
 
     def die(self, where: str) -> None:
+        self.death.acquire()  # never released: the process ends here
         self.dump()
         print(f"_testbed_proc: SIGKILL at {self.moment} ({where})", file=sys.stderr, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)

@@ -40,6 +40,11 @@ def js(obj: Any, status: int = 200) -> Reply:
     return status, "application/json", json.dumps(obj).encode()
 
 
+class Hangup(Exception):
+    """Raised by a route: the server reads the request and closes the connection unanswered
+    (a server killed mid-request, as the client sees it)."""
+
+
 PENDING = {"obs": {"reset": True, "reset_pending": True}, "metric": None, "episode_result": None,
            "reset_pending": True}
 
@@ -74,7 +79,12 @@ def stub_server(routes: dict[str, Callable[[bytes], Reply]]) -> Iterator[tuple[s
             body = self.rfile.read(n) if n else b""
             calls.append(path)
             fn = table.get(path)
-            status, ctype, data = fn(body) if fn else js({"detail": "Not Found"}, 404)
+            try:
+                status, ctype, data = fn(body) if fn else js({"detail": "Not Found"}, 404)
+            except Hangup:
+                self.close_connection = True
+                self.connection.shutdown(socket.SHUT_RDWR)
+                return
             self.send_response(status)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(data)))

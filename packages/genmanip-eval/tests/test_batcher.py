@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -59,20 +60,8 @@ def test_a_lone_participant_never_waits() -> None:
 def test_participants_that_step_at_the_same_pace_share_batches() -> None:
     log: list[list[Any]] = []
     b: Batcher[Any] = Batcher(_doubling(log, 0.01), max_batch=8, max_wait_s=30.0, slack_s=2.0)
-    outs: dict[str, list[int]] = {"a": [], "b": []}
-
-    def lane(key: str) -> None:
-        b.attach(key)
-        for i in range(12):
-            outs[key].append(b(i, key).batch_size)
-        b.detach(key)
-
-    threads = [threading.Thread(target=lane, args=(k,)) for k in outs]
     try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
+        outs = _lanes(b, ["a", "b"], 12, 0.0)
         # Once each has a history, the batcher waits for the other: pairs (until one of them
         # is done and leaves, at the very end).
         assert outs["a"][4:10] == [2] * 6 and outs["b"][4:10] == [2] * 6, outs
@@ -160,3 +149,164 @@ def test_batch_stats_of_two_processes_merge_with_weighted_means() -> None:
     assert m["mean_queue_ms"] == round((10.0 * 6 + 2.0 * 2) / 8, 3)
     assert m["mean_call_ms"] == round((30.0 * 2 + 60.0) / 3, 3)
     assert merge_batch_stats(None, b) == b
+
+
+def _lanes(b: Batcher[Any], keys: Any, rounds: int, away_s: float | Callable[[str, int], float],
+           ) -> dict[str, list[int]]:
+    """A lane per key (an int n: keys "0".."n-1") that submits, gets its result and stays away
+    ``away_s`` (its "step"; a callable of (key, round) for uneven ones): each lane's batch sizes."""
+    names = [str(k) for k in range(keys)] if isinstance(keys, int) else list(keys)
+    sizes: dict[str, list[int]] = {k: [] for k in names}
+
+    def lane(key: str) -> None:
+        b.attach(key)
+        for i in range(rounds):
+            sizes[key].append(b(i, key).batch_size)
+            pause = away_s(key, i) if callable(away_s) else away_s
+            if pause:
+                time.sleep(pause)
+        b.detach(key)
+
+    threads = [threading.Thread(target=lane, args=(k,)) for k in sizes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return sizes
+
+
+def _gpu_like(items: list[Any]) -> list[Any]:
+    time.sleep(0.02 + 0.005 * len(items))  # P(8) = 60 ms, P(4) = 40 ms
+    return items
+
+
+@pytest.mark.parametrize("pipeline", [True, False])
+def test_workers_that_step_longer_than_a_full_call_run_as_two_groups(pipeline: bool) -> None:
+    # S (80 ms away) >= P(8) (60 ms): two alternating groups of 4 serve a cycle in
+    # max(S + P(4), 2 P(4)) = 120 ms instead of S + P(8) = 140 ms. Without pipelining: one group.
+    b: Batcher[Any] = Batcher(_gpu_like, max_batch=8, max_wait_s=0.5, pipeline=pipeline)
+    try:
+        sizes = _lanes(b, 8, 30, 0.08)
+        late = [s for per in sizes.values() for s in per[15:25]]
+        st = b.snapshot()
+        mean = sum(late) / len(late)
+        # (a loaded machine stretches every sleep, and batches fray by one or two; the split
+        # itself does not depend on that: S / P(8) only grows)
+        if pipeline:
+            assert st.grouped_batches > st.batches / 2 and mean <= 5.0, sizes
+            assert st.as_dict()["grouped_batches"] == st.grouped_batches
+        else:
+            assert st.grouped_batches == 0 and mean >= 6.0, sizes
+    finally:
+        b.close()
+
+
+def test_workers_that_step_quickly_stay_one_group() -> None:
+    # S (~0: each comes straight back) < P(8) (60 ms): splitting would leave the workers
+    # waiting for the policy.
+    b: Batcher[Any] = Batcher(_gpu_like, max_batch=8, max_wait_s=0.5)
+    try:
+        sizes = _lanes(b, 8, 20, 0.0)
+        late = [s for per in sizes.values() for s in per[8:16]]
+        assert b.snapshot().grouped_batches == 0 and sum(late) / len(late) >= 6.0, sizes
+    finally:
+        b.close()
+
+
+def test_cheap_calls_do_not_wait_for_stragglers() -> None:
+    # A call that costs nothing saves nothing by sharing: a due participant is not waited for
+    # (waiting would lock the lanes in phase: their requests would reach the server together).
+    b: Batcher[Any] = Batcher(lambda items: items, max_batch=8, max_wait_s=30.0, slack_s=30.0)
+    b.attach("a")
+    b.attach("b")
+    try:
+        for i in range(4):  # both get a history, and the batcher times a few (free) calls
+            fs = [b.submit(i, "a"), b.submit(i, "b")]
+            for f in fs:
+                f.result(10)
+        # "b" is due for 30 s (its slack): an expensive policy would wait for it; this one not
+        t0 = time.monotonic()
+        assert b(9, "a").value == 9
+        assert time.monotonic() - t0 < 5.0
+    finally:
+        b.close()
+
+
+def test_a_worker_back_from_a_long_reset_joins_a_group() -> None:
+    # Two groups of 4 (S 80 ms >= P(8) 60 ms). Lane "0" stays away 1.5 s (a slow reset): its
+    # group goes on without it (batches of 3, not waiting for it), and once back it joins the
+    # group with fewer active members instead of running alone (a call of 1 every cycle would
+    # cost the policy as much as a third group).
+    b: Batcher[Any] = Batcher(_gpu_like, max_batch=8, max_wait_s=0.5)
+    try:
+        sizes = _lanes(b, 8, 40, lambda key, i: 1.5 if key == "0" and i == 15 else 0.08)
+        back = sorted(sizes["0"][17:36])
+        assert back[len(back) // 2] >= 3, sizes["0"]
+        assert b.snapshot().grouped_batches > 0
+    finally:
+        b.close()
+
+
+def test_participants_that_join_two_groups_are_spread_over_both() -> None:
+    # Six lanes split into 3 + 3; two more join (new connections of a policy server): each goes
+    # to the group with fewer active members, 4 + 4, not both into one (5 + 3).
+    b: Batcher[Any] = Batcher(_gpu_like, max_batch=8, max_wait_s=0.5)
+    sizes: dict[str, list[int]] = {str(k): [] for k in range(8)}
+    split = threading.Event()
+
+    def lane(key: str) -> None:
+        if int(key) >= 6:
+            split.wait(60)
+        b.attach(key)
+        for i in range(40 if int(key) < 6 else 25):
+            sizes[key].append(b(i, key).batch_size)
+            if b.groups == 2:
+                split.set()
+            time.sleep(0.08)
+        b.detach(key)
+
+    threads = [threading.Thread(target=lane, args=(k,)) for k in sizes]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert split.is_set()
+        late = [s for k in ("6", "7") for s in sizes[k][5:20]]
+        assert sum(1 for s in late if s >= 5) <= 0.2 * len(late), sizes
+    finally:
+        b.close()
+
+
+def test_unbatched_calls_on_the_submitting_thread_and_reports_the_real_batches() -> None:
+    from genmanip_eval.batcher import Unbatched
+
+    threads: list[str] = []
+    together = threading.Barrier(8, timeout=30)  # broken unless all 8 calls run at once
+
+    def call(items: list[Any]) -> list[Any]:
+        threads.append(threading.current_thread().name)
+        together.wait()
+        time.sleep(0.05)
+        return [i * 2 for i in items]
+
+    # every call was served (elsewhere) by a batch of 4
+    u: Unbatched[Any] = Unbatched(call, batch_size_of=lambda key: 4)
+    outs: list[Any] = []
+    lanes = [threading.Thread(target=lambda k=k: outs.append(u(k, str(k))), name=f"lane-{k}")
+             for k in range(8)]
+    for t in lanes:
+        t.start()
+    for t in lanes:
+        t.join(30)
+    # concurrent (the barrier), each on its lane's thread
+    assert not together.broken
+    assert sorted(threads) == sorted(f"lane-{k}" for k in range(8))
+    assert sorted(o.value for o in outs) == [0, 2, 4, 6, 8, 10, 12, 14]
+    assert all(o.batch_size == 4 and o.queue_ms == 0.0 for o in outs)
+    st = u.snapshot().as_dict()
+    assert st["items"] == 8 and st["batches"] == 2 and st["mean_batch"] == 4.0
+    assert st["mean_call_ms"] >= 50.0
+    u.close()
+    with pytest.raises(BatcherClosed):
+        u(1, "0")

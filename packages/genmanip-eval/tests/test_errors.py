@@ -10,7 +10,7 @@ from genmanip_eval import EvalClient, ResetTimeout, StepError, StepTimeout, Zero
 from genmanip_protocol.errors import ExitCode, ValidationError
 from genmanip_runtime.errors import AuthError, ConnectError
 from genmanip_testbed import serve_testbed
-from stub_server import EID, PENDING, obs, pickled, stub_server
+from stub_server import EID, PENDING, Hangup, js, obs, pickled, stub_server
 
 FRANKA = {"control_type": "joint_position", "action": [0.0] * 9}
 
@@ -93,6 +93,28 @@ def test_token_from_env(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     with serve_testbed(tasks=("testbed/smoke",), token="envtok", results_root=tmp_path) as tb:
         with EvalClient(tb.url, ["0"]) as c:
             assert c.reset()["0"]["obs"]["timestep"] == 0
+
+
+@pytest.mark.parametrize("route", ["/protocol", "/docs"])
+def test_connect_probe_lost_mid_request_is_asked_again(route: str) -> None:
+    # A GET changes nothing on the server: one whose connection died before the reply (a server
+    # killed while another worker's lane was already resetting) is asked again, not the end of
+    # the run (it once ended a restart ride-through with "GET /protocol: connection lost").
+    answered: list[int] = []
+
+    def probe(body: bytes) -> Any:
+        answered.append(1)
+        if len(answered) == 1:
+            raise Hangup
+        if route == "/protocol":
+            return js({"detail": "Not Found"}, 404)
+        return 200, "text/html", b"<html></html>"
+
+    codec = "auto" if route == "/protocol" else "legacy"
+    with stub_server({route: probe}) as (url, calls):
+        with EvalClient(url, ["0"], codec=codec) as c:
+            c.reset()
+    assert calls.count(route) == 2 and "/reset_result" in calls
 
 
 def test_omitted_worker_is_typed_error() -> None:

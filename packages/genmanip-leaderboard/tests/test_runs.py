@@ -44,8 +44,36 @@ def test_unknown_run_lists_known_ones(project, server_run):
 
 def test_resolve_run_by_path_or_id(project, server_run):
     d = server_run(project, run_id="p1")
-    assert resolve_run(str(d), [project]).path == d
-    assert resolve_run("p1", [project]).path == d
+    assert resolve_run(str(d), project).path == d
+    assert resolve_run("p1", project).path == d
+    assert resolve_run("testbed/p1", project).path == d  # the readers' <benchmark>/<run_id> too
+
+
+def test_resolve_run_is_the_readers_rule_said_in_the_leaderboards_terms(project, server_run, monkeypatch):
+    from genmanip_results.compare import resolve_run as readers_resolve_run
+
+    a = server_run(project, benchmark="testbed", run_id="dup")
+    b = server_run(project, benchmark="ebench", run_id="dup")
+    # One rule: what the readers (gmp compare, report, transcode) resolve, the leaderboard does.
+    monkeypatch.chdir(project)
+    assert resolve_run(str(a)).path == readers_resolve_run(str(a)).path == a
+    assert resolve_run("ebench/dup").path == readers_resolve_run("ebench/dup").path == b
+    # --benchmark-id narrows a run id; a run directory is taken as given.
+    assert resolve_run("dup", project, "ebench").path == b
+    assert resolve_run(str(a), project, "ebench").path == a
+    with pytest.raises(AmbiguousRunError) as ei:
+        resolve_run("dup", project)
+    assert ei.value.exit_code == ExitCode.USAGE and "--benchmark-id" in (ei.value.hint or "")
+    assert str(a) in str(ei.value) and str(b) in str(ei.value)
+    with pytest.raises(RunNotFoundError) as nf:
+        resolve_run("nope", project)
+    assert nf.value.exit_code == ExitCode.INVALID_INPUT and "ebench/dup" in str(nf.value)
+    with pytest.raises(RunNotFoundError, match="benchmark 'other'"):
+        resolve_run("dup", project, "other")
+    with pytest.raises(RunNotFoundError, match="does not exist"):
+        resolve_run("dup", project / "missing")
+    with pytest.raises(RunNotFoundError, match="is not a run directory"):
+        resolve_run(str(project), project)
 
 
 def test_results_tree_both_layouts_and_nested_run_ids(project, server_run, client_run):

@@ -225,3 +225,60 @@ def test_env_override_uses_that_binary(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GMP_FFMPEG", real)
     assert ffmpeg_executable() == real
     assert os.access(real, os.X_OK)
+
+
+def test_concurrent_first_lookups_run_one_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cameras transcoded at once look ffmpeg up at once: one lookup (imageio-ffmpeg runs the
+    binary to check it), the others wait for its answer (a second check, cut by a Ctrl-C of the
+    process group, made its thread report "ffmpeg not found")."""
+    import inspect
+    import sys
+    import threading
+    import time
+
+    import imageio_ffmpeg
+
+    monkeypatch.delenv("GMP_FFMPEG", raising=False)
+    monkeypatch.setattr(video_mod, "_FFMPEG_EXE", {})
+    real = imageio_ffmpeg.get_ffmpeg_exe
+    calls: list[int] = []
+    entered = threading.Event()
+    release = threading.Event()
+
+    def lookup() -> str:
+        calls.append(1)
+        entered.set()
+        assert release.wait(30)
+        return str(real())
+
+    monkeypatch.setattr(imageio_ffmpeg, "get_ffmpeg_exe", lookup)
+    found: list[str] = []
+    threads = [threading.Thread(target=lambda: found.append(ffmpeg_executable())) for _ in range(4)]
+    threads[0].start()
+    assert entered.wait(30)
+    for t in threads[1:]:
+        t.start()
+    # Let the first lookup answer only once every other thread is waiting for it or looking up
+    # itself: at the lookup lock (its line in ffmpeg_executable), or inside lookup().
+    src, first = inspect.getsourcelines(ffmpeg_executable)
+    lock_line = first + next(i for i, line in enumerate(src) if "with _FFMPEG_LOOKUP" in line)
+    deadline = time.monotonic() + 30
+
+    def waiting(t: threading.Thread) -> bool:
+        frame = sys._current_frames().get(t.ident or -1)
+        if frame is not None and frame.f_code is ffmpeg_executable.__code__:
+            return frame.f_lineno == lock_line  # blocked on the lock
+        while frame is not None:  # or somewhere inside lookup() (waiting for the release)
+            if frame.f_code is lookup.__code__:
+                return True
+            frame = frame.f_back
+        return False
+
+    while not all(waiting(t) for t in threads[1:]):
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    release.set()
+    for t in threads:
+        t.join(30)
+    assert len(calls) == 1 and len(found) == 4 and len(set(found)) == 1
+    assert os.access(found[0], os.X_OK)

@@ -55,6 +55,22 @@ def echo(**kwargs: str) -> Echo:
     return Echo()
 
 
+class Costly(Echo):
+    """Every call costs ``ms`` milliseconds (a GPU's fixed cost: worth a batch, and worth waiting
+    for the other connections' requests; a free call is not)."""
+
+    def __init__(self, ms: float) -> None:
+        self.delay = ms / 1000.0
+
+    def get_action(self, obs: Mapping[str, Any]) -> dict[str, Any]:
+        time.sleep(self.delay)
+        return super().get_action(obs)
+
+
+def costly(ms: str = "20") -> Costly:
+    return Costly(float(ms))
+
+
 class Dying(Echo):
     """Kills its own process (no reply, no close frame) when the instruction is ``die``."""
 

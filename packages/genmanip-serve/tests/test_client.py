@@ -83,8 +83,9 @@ def test_two_client_processes_share_server_batches(
     server_proc: Callable[..., Any], tmp_path: Path, child_env: Callable[[str | None], dict[str, str]]
 ) -> None:
     # A long max wait: once both connections have a history (after their first request), each
-    # batch waits for the other's request, which is due.
-    srv = server_proc(policy="serve_helpers:echo", max_wait_ms=20000)
+    # batch waits for the other's request, which is due (calls cost 20 ms: a free policy's
+    # batches wait for nobody).
+    srv = server_proc(policy="serve_helpers:costly", max_wait_ms=20000)
     go = tmp_path / "go"
     procs = [
         subprocess.Popen([sys.executable, "-c", _CLIENT, srv.url, wid, str(go)], env=child_env(None),

@@ -6,6 +6,13 @@ episode); its cursor sits at that observation's simulator timestep, taken from `
 Mismatches (cameras with different frame counts, steps referencing frames a video does not have)
 raise :class:`~genmanip_artifacts.errors.AlignmentError` instead of being papered over.
 
+It plays at :data:`PLAYBACK_FPS` (10 frames per second), one frame per observation: an episode
+runs about as fast as the robot acted, instead of 30 steps a second. GenManip records no control
+rate (neither the server's nor the client's files, nor the robot specs, have one); 10 Hz is a
+typical manipulation control rate, and at it a 45-step episode lasts 4.5 s, long enough to follow
+each step on the cursor. The camera mp4s keep the server's 30 fps: they are the recording, this
+is a viewer's replay.
+
 Cost per frame: the camera decoders and the H.264 encoder are ffmpeg processes; Python only resizes
 the camera frames (Pillow, C), copies the pre-rendered panel and writes the cursor columns.
 """
@@ -24,12 +31,14 @@ from .errors import AlignmentError, EpisodeDataError
 from .panels import action_panels, state_panels
 from .render import render_cursor_panel
 
-__all__ = ["OverlayLayout", "frame_timesteps", "plan_layout", "write_overlay_video"]
+__all__ = ["PLAYBACK_FPS", "OverlayLayout", "frame_timesteps", "plan_layout", "write_overlay_video"]
 
 #: Output frame limits: wide enough for the 2 x 4 panel grid, narrow enough for a laptop screen.
 MAX_WIDTH = 1920
 MIN_WIDTH = 1280
 CAMERA_HEIGHT = 360
+#: Frames (= observations, = control steps) per second of the overlay video (module docstring).
+PLAYBACK_FPS = 10.0
 
 
 def _even(x: float) -> int:
@@ -151,9 +160,10 @@ def _close(it: Iterator[np.ndarray]) -> None:
 
 
 def write_overlay_video(
-    s: EpisodeSeries, out_path: Path, *, fps: float = 30.0, max_width: int = MAX_WIDTH
+    s: EpisodeSeries, out_path: Path, *, fps: float = PLAYBACK_FPS, max_width: int = MAX_WIDTH
 ) -> tuple[int, list[str]]:
-    """Write the overlay video of ``s`` to ``out_path`` (H.264, yuv420p, atomic).
+    """Write the overlay video of ``s`` to ``out_path`` (H.264, yuv420p, atomic), one frame per
+    observation at ``fps`` (default :data:`PLAYBACK_FPS`, the control rate's stand-in).
 
     Returns:
         (frames written, warnings).

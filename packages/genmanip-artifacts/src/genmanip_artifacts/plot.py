@@ -11,6 +11,10 @@ from pathlib import Path
 
 from genmanip_protocol.errors import GenmanipError
 
+# The names are the results layout's (genmanip_results.layout): this package writes the files,
+# gmp viz links them and gmp clean removes them, all by the same constants.
+from genmanip_results.layout import ACTION_PLOT, MERGED_VIDEO, PLOT_LOG, STATE_PLOT
+
 from .__about__ import __version__
 from .episode import load_series
 from .errors import EpisodeDataError
@@ -29,10 +33,6 @@ __all__ = [
     "plot_episodes",
 ]
 
-ACTION_PLOT = "action_plot.png"
-STATE_PLOT = "state_plot.png"
-MERGED_VIDEO = "merged_with_plot.mp4"
-PLOT_LOG = "plot.log"
 #: Every file ``gmp plot`` writes into an output directory (``gmp clean --plots`` removes them
 #: when their provenance records prove them ours).
 PLOT_OUTPUTS = (ACTION_PLOT, STATE_PLOT, MERGED_VIDEO, PLOT_LOG)

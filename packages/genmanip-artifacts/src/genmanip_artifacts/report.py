@@ -22,7 +22,6 @@ JPEG quality 60) plus ~1 KB per task; a 100-episode run is well under 1 MB (docs
 from __future__ import annotations
 
 import base64
-import hashlib
 import html
 import io
 import os
@@ -36,7 +35,7 @@ from urllib.parse import quote
 import numpy as np
 from genmanip_protocol.errors import ExitCode
 from genmanip_results.compare import compare_runs, resolve_run
-from genmanip_results.discovery import EpisodeInfo, RunInfo
+from genmanip_results.discovery import EpisodeInfo, RunInfo, run_key, run_rel
 from genmanip_results.series import load_series
 from genmanip_results.stats import wilson_interval
 from genmanip_results.video import read_video_frames
@@ -185,13 +184,9 @@ def _latency(run: RunInfo) -> dict[str, dict[str, float]]:
 
 
 def _viz_link(run: RunInfo, ep: EpisodeInfo, viz_url: str, viz_root: Path) -> str:
-    """The ``gmp viz`` episode page (its run key is the sha256 of the run's path under the root
-    ``gmp viz --root`` serves, as genmanip_viz.index.run_key computes it)."""
-    try:
-        rel = Path(run.path).resolve().relative_to(viz_root.resolve()).as_posix()
-    except ValueError:
-        rel = Path(run.path).name
-    key = hashlib.sha256(rel.encode("utf-8")).hexdigest()[:12]
+    """The ``gmp viz`` episode page: the run addressed by the key gmp viz gives it under the root
+    ``gmp viz --root`` serves (:func:`genmanip_results.discovery.run_key`)."""
+    key = run_key(run_rel(run.path, viz_root))
     return f"{viz_url.rstrip('/')}/episode/{key}/{quote(f'{ep.task_name}/{ep.seed}', safe='/')}"
 
 
@@ -387,13 +382,17 @@ def _comparison_html(cmp: Mapping[str, Any]) -> str:
     at = (f"after {seq['decided_at']} of {seq['n']} pairs "
           f"({seq['n'] - (seq['decided_at'] or 0)} episodes saved)"
           if seq["decided_at"] is not None else f"after all {seq['n']} pairs")
+    d_all = cmp["overall"]["difference"]
     return (
         f"<h2>Paired comparison</h2><p>A = {esc(cmp['a']['run'])}, B = {esc(cmp['b']['run'])}; "
-        "episodes paired on (task, seed), differences B &minus; A in points. Interval of the difference: "
+        f"<b id=compare-delta>&Delta; success (B &minus; A): {_DASH if d_all is None else f'{100 * d_all:+.1f}'} pp"
+        f"</b> {ci(cmp['overall']['difference_ci95'])} (positive: B succeeds more often). "
+        "Episodes paired on (task, seed), differences B &minus; A in points. Interval of the difference: "
         "Newcombe (1998) method 10; p: exact McNemar; per-task claims: Holm-adjusted p &le; "
         f"{cmp['alpha']:g}; score: paired t.</p>"
         "<table><tr><th>task</th><th class=num>pairs</th><th class=num>A [95%]</th>"
-        "<th class=num>B [95%]</th><th class=num>B&minus;A pp [95%]</th><th class=num>McNemar p</th>"
+        "<th class=num>B [95%]</th><th class=num>&Delta; success (B &minus; A) pp [95%]</th>"
+        "<th class=num>McNemar p</th>"
         "<th class=num>Holm p</th><th>claim</th><th class=num>score B&minus;A</th>"
         "<th class=num>unpaired A/B</th></tr>" + rows + "</table>"
         f"<p><b>Sequential verdict</b> (anytime-valid, &alpha; {seq['alpha']:g}, &delta; {100 * seq['delta']:g} pp): "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -28,7 +29,7 @@ from genmanip_runtime.transport import build_base_url
 from .client import EvalClient
 from .errors import GenmanipEvalError, JobComplete, PolicyError
 from .policy import parse_policy_args
-from .runner import EvalConfig, RunSummary
+from .runner import EvalConfig, RunSummary, finish_recordings, safe_argv
 from .runner import run_eval as _run_eval
 
 __all__ = ["EvalFlags", "eval_config", "eval_exit_code", "evaluate", "per_task_rows", "resume_command", "run_eval", "status", "submit",
@@ -473,6 +474,12 @@ def evaluate(cfg: EvalConfig, console: Console, *, label: str = "eval",
                 f"{st.completed_episodes}/{st.total_episodes} episodes)"
         if cfg.run_id and cfg.run_id == st.run_id:
             console.info(f"{label}: run {rid} is complete on {cfg.url}: nothing left to evaluate")
+            # ... but what a stopped invocation left of its recordings (videos cut short by a
+            # Ctrl-C) is finished here, as a resume with episodes left would do first.
+            finished = finish_recordings(cfg)
+            if finished:
+                console.info(f"{label}: finished the recordings of {finished} episode(s) a stopped "
+                             "invocation left")
             return RunSummary(complete=True)
         raise JobComplete(
             f"{where}: nothing to evaluate",
@@ -647,26 +654,33 @@ def _whole_run(run_dir: str) -> list[dict[str, Any]] | None:
             for e in run.episodes if e.complete and e.score is not None]
 
 
-def resume_command(cfg: EvalConfig, run_id: str) -> str:
-    """The command that resumes ``run_id``: this invocation's ``gmp eval`` arguments (the token
-    left out) with ``--run-id`` set. Without them (called as a library), the essential flags."""
+#: gmp's own flags that may come before the subcommand (``gmp -v eval ...``): kept as given.
+_GLOBAL_FLAG = re.compile(r"-v+|-q|--verbose|--quiet")
+
+
+def resume_command(cfg: EvalConfig, run_id: str, argv: Sequence[str] | None = None) -> str:
+    """The command that resumes ``run_id``: this invocation's ``gmp eval`` arguments (``argv``,
+    default ``sys.argv``) with ``--run-id`` set and every secret left out
+    (:func:`genmanip_eval.runner.safe_argv`, ``drop``: the token comes from ``$GMP_TOKEN`` or the
+    config file when the command is run again). Without them (called as a library), the essential
+    flags."""
     import shlex
     import sys
 
-    argv = list(sys.argv[1:])
-    if argv[:1] == ["eval"]:
+    args = safe_argv(list(sys.argv if argv is None else argv)[1:], drop=True)
+    lead = 0
+    while lead < len(args) and _GLOBAL_FLAG.fullmatch(args[lead]):
+        lead += 1
+    if args[lead:lead + 1] == ["eval"]:
         out: list[str] = []
         skip = False
-        for a in argv:
+        for a in args:
             if skip:
                 skip = False
-                continue
-            if a in ("--run-id", "--run_id", "--token"):
+            elif a in ("--run-id", "--run_id"):
                 skip = True
-                continue
-            if a.startswith(("--run-id=", "--run_id=", "--token=")):
-                continue
-            out.append(a)
+            elif not a.startswith(("--run-id=", "--run_id=")):
+                out.append(a)
     else:
         out = ["eval", "--url", cfg.url, "--worker-ids", ",".join(cfg.worker_ids), "--policy", cfg.policy]
         for k, v in cfg.policy_args.items():

@@ -101,6 +101,21 @@ class Inference:
         return self._batched is not None
 
     @property
+    def concurrent(self) -> bool:
+        """True when calls for different workers may run at the same time, each from its
+        worker's thread: a batched policy whose ``concurrent_workers`` attribute is true (a
+        ``ws://`` policy: one connection per worker, the policy server batches). The async
+        runner then calls it from every lane instead of batching in this process."""
+        return self._batched is not None and getattr(self._batched, "concurrent_workers", False) is True
+
+    def batch_size_of(self, worker_id: str) -> int | None:
+        """The batch that served ``worker_id``'s last call, as the policy reports it (a policy
+        server's batch, its optional ``batch_size_of(worker_id)``); None when it does not say."""
+        fn = getattr(self._batched, "batch_size_of", None) if self._batched is not None else None
+        n = fn(worker_id) if callable(fn) else None
+        return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+
+    @property
     def prefers_jpeg(self) -> bool:
         """True when the policy would rather get camera frames as the GenManip server's JPEG than
         raw: a batched policy whose ``prefers_jpeg`` attribute is true (a ``ws://`` policy whose

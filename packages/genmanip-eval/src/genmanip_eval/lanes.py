@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .batcher import Batcher, BatchOutcome
+from .batcher import Batcher, BatchOutcome, Unbatched
 from .client import EvalClient
 from .inference import BatchItem
 
@@ -86,7 +86,8 @@ class Lane:
     Args:
         worker_id: the worker this lane drives.
         settings: the run's :class:`LaneSettings`.
-        batcher: the policy's batcher (this lane attaches to it while it runs).
+        batcher: the policy's batcher (this lane attaches to it while it runs), or an
+            :class:`~genmanip_eval.batcher.Unbatched` for a policy that batches elsewhere.
         listener: the (serialized) recorder, or None.
         on_event: the client's ``on_event`` callback (thread-safe on the runner's side).
         emit: the runner's event stream (``"steps"`` after every request).
@@ -98,7 +99,7 @@ class Lane:
         worker_id: str,
         settings: LaneSettings,
         *,
-        batcher: Batcher[Any],
+        batcher: Batcher[Any] | Unbatched[Any],
         listener: Any,
         on_event: Callable[[str, dict[str, Any]], None],
         emit: Emit,

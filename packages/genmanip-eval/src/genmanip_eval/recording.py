@@ -43,6 +43,7 @@ import logging
 import os
 import queue
 import shutil
+import signal
 import socket
 import struct
 import threading
@@ -60,7 +61,6 @@ from genmanip_protocol.schema import EpisodeResult, safe_relative_path, split_ep
 from genmanip_results.layout import (
     AWAITING_NOTE_GLOB,
     EPISODE_RESULT,
-    EPISODE_RESULT_LOCK,
     FRAME_SPOOL_SUFFIX,
     FRAME_STORE_SUFFIX,
     FRAMES_DIR,
@@ -76,7 +76,7 @@ from genmanip_results.layout import (
     awaiting_note_name,
     pending_note_name,
 )
-from genmanip_results.live import write_live_view
+from genmanip_results.live import process_alive, write_live_view
 from genmanip_results.paths import UnsafePathError, create_exclusive, is_within, safe_file
 from genmanip_results.roots import resolve_results_root
 from genmanip_results.stats import wilson_interval
@@ -212,25 +212,12 @@ class _Episode:
 
 
 def _owner_alive(pid: int | None, host: Any) -> bool:
-    """Is the recorder that owns a pending result still running (or on another host: unknown)?"""
-    if host != socket.gethostname():
-        return True  # cannot tell: never race another machine's recorder on a shared filesystem
-    if pid is None or pid <= 0:
+    """Is the recorder that owns a pending result still running (or on another host: unknown)?
+    (A note of this host without a pid has no owner left.)"""
+    if host == socket.gethostname() and (pid is None or pid <= 0):
         return False
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A killed worker whose parent died too may linger as a zombie (nobody reaps it): dead.
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rpartition(")")[2].split()[:1] != ["Z"]
+    # unknown (another machine): alive: never race another host's recorder on a shared filesystem
+    return process_alive(pid, host if isinstance(host, str) else None) is not False
 
 
 def _state_of(obs: Any) -> dict[str, Any] | None:
@@ -258,7 +245,8 @@ class Recorder:
             ``<camera>.jpegs`` (a rename, no encoding) and the H.264 mp4 is made when something
             needs it (:func:`genmanip_results.frames.ensure_video`, ``gmp transcode``);
             ``"inline"``: the recorder makes ``<camera>.mp4`` after each episode (x264, niced)
-            and keeps no store.
+            and keeps no store; it looks ffmpeg up at once (``FfmpegNotFoundError`` when there is
+            none).
         on_episode_complete: called with the episode directory once it is complete
             (``result.json`` written), from the transcoder thread; must return quickly.
     """
@@ -277,6 +265,13 @@ class Recorder:
     ) -> None:
         if transcode not in TRANSCODE_MODES:
             raise ValueError(f"transcode: expected one of {', '.join(TRANSCODE_MODES)}, got {transcode!r}")
+        if transcode == "inline":
+            from genmanip_results.video import ffmpeg_executable
+
+            # Found now, not at the first episode's end: a missing ffmpeg stops the run before it
+            # starts (FfmpegNotFoundError, with the install hint), and the one lookup (it runs the
+            # binary) is over before a Ctrl-C could cut it short mid-run.
+            ffmpeg_executable()
         self.transcode = transcode
         self.root = Path(root).absolute()
         self.root.mkdir(parents=True, exist_ok=True)
@@ -305,12 +300,26 @@ class Recorder:
         self._busy: dict[Path, int] = {}
         self._busy_cv = threading.Condition()
         self._closed = False
+        # A stop (Ctrl-C, SIGTERM) cut the completions short: set by an ffmpeg the signal stopped,
+        # or by close(interrupted=True). Inline transcodes still queued are then left to the resume.
+        self._cut = threading.Event()
+        self._cut_signalled = False  # ... by a stop signal that ended an ffmpeg
+        self._cut_detail = ""
+        self._left: set[Path] = set()  # episode directories whose videos the resume makes
+        self._reported_left = False
         #: Finished episodes seen by this recorder: (success, score) — for the live running SR.
         self.finished: list[tuple[bool, float]] = []
         #: The server's final metric (progress-prefixed task name -> score/sr), merged over workers.
         self.final_metric: dict[str, Any] = {}
-        self._writer = threading.Thread(target=self._writer_loop, name="gmp-recorder", daemon=True)
-        self._transcoder = threading.Thread(target=self._transcode_loop, name="gmp-transcoder", daemon=True)
+        # Set when each thread's loop has ended: close() waits on these, not on Thread.join, which
+        # a Ctrl-C arriving inside it can leave reporting a running thread as stopped (CPython 3.11,
+        # bpo-45274's fix releases the thread's state lock when the wait is interrupted).
+        self._writer_done = threading.Event()
+        self._transcoder_done = threading.Event()
+        self._writer = threading.Thread(target=_until_done, args=(self._writer_loop, self._writer_done),
+                                        name="gmp-recorder", daemon=True)
+        self._transcoder = threading.Thread(target=_until_done, args=(self._transcode_loop, self._transcoder_done),
+                                            name="gmp-transcoder", daemon=True)
         self._writer.start()
         self._transcoder.start()
 
@@ -322,7 +331,13 @@ class Recorder:
         return sorted(self._run_dirs.copy())  # (the writer thread adds to it)
 
     def check(self) -> None:
-        """Raise :class:`RecordingError` if the writer or transcoder failed."""
+        """Raise :class:`RecordingError` if the writer or transcoder failed, and
+        ``KeyboardInterrupt`` once a stop signal ended the recorder's ffmpeg.
+
+        That signal was meant for the run as well (a terminal's Ctrl-C, a SIGTERM of the process
+        group), whose own ``KeyboardInterrupt`` may still be on its way, or lost: CPython drops one
+        raised inside a finalizer or weakref callback. The run stops as on Ctrl-C either way.
+        """
         if isinstance(self._error, RecordingError):
             # A refusal (a hostile camera name, a foreign directory) says itself what happened.
             raise RecordingError(str(self._error), hint=self._error.hint) from self._error
@@ -331,6 +346,8 @@ class Recorder:
                 f"recording failed: {self._error}",
                 hint="check free disk space and that ffmpeg works (or run with --no-record)",
             ) from self._error
+        if self._cut_signalled and not self._closed:
+            raise KeyboardInterrupt(self._cut_detail)
 
     def _put(self, item: tuple[Any, ...]) -> None:
         while True:
@@ -579,37 +596,80 @@ class Recorder:
         if ep is not None:
             self._put(("abort", ep, "the worker finished without a result for this episode"))
 
-    def close(self, timeout: float | None = None) -> None:
+    def close(self, timeout: float | None = None, *, interrupted: bool = False) -> None:
         """Flush everything (waits for transcoding) and stamp ``run.json``; raise on failure.
 
-        Episodes still open are left ``INCOMPLETE``.
+        Episodes still open are left ``INCOMPLETE``. ``interrupted`` (the run was stopped by a
+        Ctrl-C or SIGTERM; also when one arrives while this waits): inline transcodes still
+        queued are not started, the episodes keep their saved results and the run's resume makes
+        their videos. An ffmpeg that the signal stopped is that too, not a failure: either way,
+        one warning says how many episodes' videos are left (:meth:`left_for_resume`), and a
+        stop that reached only ffmpeg is raised here as ``KeyboardInterrupt`` (see :meth:`check`).
         """
         if self._closed:
             self.check()
             return
         self._closed = True
-        for wid, ep in list(self._episodes.items()):
-            self._episodes.pop(wid, None)
-            try:
-                if ep.awaiting:
-                    self._put(("park", ep))
-                else:
-                    self._put(("abort", ep, "the run ended before the episode finished"))
-            except RecordingError:
-                break
-        deadline = None if timeout is None else time.monotonic() + timeout
+        if interrupted:
+            self._cut.set()
+        stopping: list[KeyboardInterrupt] = []
+
+        def stop_once(exc: KeyboardInterrupt) -> None:
+            # A Ctrl-C while this waits only cuts the completions short (what is left is the
+            # resume's); a second one stops the waiting.
+            if stopping:
+                raise exc
+            stopping.append(exc)
+            self._cut.set()
+
         try:
-            self._q.put(("stop",), timeout=5.0)
-        except queue.Full:
-            pass
-        for t in (self._writer, self._transcoder):
-            while t.is_alive():
-                t.join(0.2)
+            for wid, ep in list(self._episodes.items()):
+                self._episodes.pop(wid, None)
+                try:
+                    if ep.awaiting:
+                        self._put(("park", ep))
+                    else:
+                        self._put(("abort", ep, "the run ended before the episode finished"))
+                except RecordingError:
+                    break
+        except KeyboardInterrupt as exc:
+            stop_once(exc)  # (those episodes keep their INCOMPLETE marker)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for _ in range(2):  # the writer must get its stop, whatever cut the first try short
+            try:
+                self._q.put(("stop",), timeout=5.0)
+                break
+            except queue.Full:
+                break
+            except KeyboardInterrupt as exc:
+                stop_once(exc)
+        for done in (self._writer_done, self._transcoder_done):
+            while True:
+                try:
+                    if done.wait(0.2):
+                        break
+                except KeyboardInterrupt as exc:
+                    stop_once(exc)
                 if deadline is not None and time.monotonic() > deadline:
                     raise RecordingError(f"recording did not finish within {timeout:g} s")
-                if self._error is not None and t is self._writer and not self._writer.is_alive():
-                    break
+        self._report_left()
+        if stopping:
+            raise stopping[0]
+        if self._cut_signalled and not interrupted:
+            raise KeyboardInterrupt(self._cut_detail)  # (see check: the run's stop, maybe lost)
         self.check()
+
+    def left_for_resume(self) -> list[Path]:
+        """Episode directories whose completion a stop cut short (their results are saved; the
+        resume of the run, ``gmp eval --run-id``, makes their videos)."""
+        return sorted(self._left)
+
+    def _report_left(self) -> None:
+        if self._left and not self._reported_left:
+            self._reported_left = True
+            n = len(self._left)
+            # (the resume command follows: gmp eval prints it after a stop)
+            log.warning("interrupted; %d episode%s videos will be made on resume", n, "'s" if n == 1 else "s'")
 
     def update_manifest(self, **fields: Any) -> None:
         """Merge ``fields`` into ``run.json`` of every run dir written so far (e.g. ``finished``)."""
@@ -674,7 +734,7 @@ class Recorder:
                 cur["started"] = min(started, manifest["started"])
             cur["workers"] = sorted(workers)
 
-        merge_json(run_dir / RUN_JSON, update, run_dir / RUN_JSON_LOCK)
+        merge_json(run_dir / RUN_JSON, update, _run_lock(run_dir))
 
     def _camera_file(self, directory: Path, cam: str, suffix: str) -> Path:
         """The one place a camera name from the wire becomes a path: ``<directory>/<cam><suffix>``
@@ -741,7 +801,7 @@ class Recorder:
             def drop(cur: dict[str, Any]) -> None:
                 cur.pop(seed_key, None)
 
-            merge_json(d.parent / EPISODE_RESULT, drop, d.parent / EPISODE_RESULT_LOCK)
+            merge_json(d.parent / EPISODE_RESULT, drop, _run_lock(ep.run_dir))
         with self._attempt_lock(ep):
             for name in _RECORDING_FILES:
                 (d / name).unlink(missing_ok=True)
@@ -764,9 +824,9 @@ class Recorder:
 
     def _attempt_lock(self, ep: _Episode) -> FileLock:
         """The lock under which an attempt takes an episode directory (begin) or gives it up
-        (abort): the task's ``episode_result.lock``, so two recorders (processes, hosts on a shared
-        root) never interleave the two on one directory."""
-        return FileLock(ep.directory.parent / EPISODE_RESULT_LOCK, timeout=30.0)
+        (abort): the run's one lock (:func:`_run_lock`), so two recorders (processes, hosts on a
+        shared root) never interleave the two on one directory."""
+        return FileLock(_run_lock(ep.run_dir), timeout=30.0)
 
     @staticmethod
     def _owns(ep: _Episode) -> bool:
@@ -1047,17 +1107,38 @@ class Recorder:
             self._busy[ep.directory] = self._busy.get(ep.directory, 0) + 1
         self._tq.put((ep, result, cams, finished))
 
-    def recover_run_id(self, run_id: str) -> int:
-        """:meth:`recover` every ``<root>/<benchmark>/<run_id>`` (a resumed run)."""
+    def _run_dirs_of(self, run_id: str) -> list[Path]:
+        """Every ``<root>/<benchmark>/<run_id>`` there is (none for an unsafe run id)."""
         try:
             safe_relative_path(run_id, field="run_id")
         except ValidationError:
-            return 0
-        found = 0
-        for bench in sorted(self.root.iterdir()) if self.root.is_dir() else []:
-            if bench.is_dir() and not bench.is_symlink() and (bench / run_id).is_dir():
-                found += self.recover(bench / run_id)
-        return found
+            return []
+        return [bench / run_id for bench in (sorted(self.root.iterdir()) if self.root.is_dir() else [])
+                if bench.is_dir() and not bench.is_symlink() and (bench / run_id).is_dir()]
+
+    def recover_run_id(self, run_id: str) -> int:
+        """:meth:`recover` every ``<root>/<benchmark>/<run_id>`` (a resumed run)."""
+        return sum(self.recover(run_dir) for run_dir in self._run_dirs_of(run_id))
+
+    def awaiting_workers(self, run_id: str) -> list[str]:
+        """The worker ids on which a stopped recorder left an episode of run ``run_id`` awaiting
+        its result (``.awaiting_result``: the server ended the episode, the result had not come):
+        a client on them collects the results the server holds (``EvalClient`` ``adopt_on_start``)
+        and this recorder finishes the episodes from disk. Notes of a recorder still running (in
+        another process) are not counted."""
+        out: set[str] = set()
+        for run_dir in self._run_dirs_of(run_id):
+            for marker in run_dir.rglob(AWAITING_NOTE_GLOB):
+                try:
+                    info = json.loads(marker.read_text())
+                    pid = marker.name.split(".")[2]
+                    if not info.get("parked") and _owner_alive(int(pid) if pid.isdigit() else None,
+                                                                info.get("host")):
+                        continue
+                    out.add(str(info["episode"]["worker_id"]))
+                except (OSError, ValueError, KeyError, TypeError):
+                    continue  # damaged: the resume's reset marks such an episode lost
+        return sorted(out)
 
     def recover(self, run_dir: Path) -> int:
         """Finish episodes of ``run_dir`` whose last step was recorded but whose transcoding was
@@ -1136,11 +1217,24 @@ class Recorder:
             try:
                 if self._error is not None:
                     continue
+                if self._cut.is_set() and self.transcode == "inline":
+                    # Stopped: no new encoder; the saved result and the spool wait for the resume.
+                    self._left.add(item[0].directory)
+                    continue
                 self._transcode(*item)
             except BaseException as exc:
-                # (also what a Ctrl-C or SIGTERM to the process group does to a running ffmpeg)
-                self._fail(exc, f"the result of {item[0].episode_id} is kept: its videos are made "
-                                "when the run is resumed with the same run id")
+                status = _signalled_status(exc)
+                if status is not None:
+                    # A Ctrl-C or SIGTERM reaches the whole process group, ffmpeg included: a stop,
+                    # not a failure. The episode keeps its saved result; the resume makes its videos.
+                    self._left.add(item[0].directory)
+                    if not self._cut_signalled:
+                        self._cut_detail = f"a stop signal ended the recording's ffmpeg (exit {status})"
+                        self._cut_signalled = True
+                    self._cut.set()
+                else:
+                    self._fail(exc, f"the result of {item[0].episode_id} is kept: its videos are made "
+                                    "when the run is resumed with the same run id")
             finally:
                 with self._busy_cv:
                     d = item[0].directory
@@ -1185,7 +1279,7 @@ class Recorder:
         def update(cur: dict[str, Any]) -> None:
             cur[seed_key] = {"score": result.score, "sr": result.sr}
 
-        merge_json(d.parent / EPISODE_RESULT, update, d.parent / EPISODE_RESULT_LOCK)
+        merge_json(d.parent / EPISODE_RESULT, update, _run_lock(ep.run_dir))
         atomic_write_json(
             d / RESULT_JSON,
             {
@@ -1207,6 +1301,44 @@ class Recorder:
         shutil.rmtree(d / FRAMES_DIR, ignore_errors=True)
         if self.on_episode_complete is not None:
             self.on_episode_complete(d)
+
+
+def _until_done(loop: Callable[[], None], done: threading.Event) -> None:
+    """A recorder thread's body: ``loop``, then ``done`` set, however the loop ended."""
+    try:
+        loop()
+    finally:
+        done.set()
+
+
+#: ffmpeg's exit status when SIGINT or SIGTERM stopped it (its own handler), and the statuses of an
+#: ffmpeg killed by a stop signal outright.
+_FFMPEG_SIGNALLED = (255, -signal.SIGINT, -signal.SIGTERM, -signal.SIGHUP)
+
+
+def _signalled_status(exc: BaseException) -> int | None:
+    """The exit status of the ffmpeg ``exc`` comes from when a stop signal (Ctrl-C, SIGTERM,
+    hang-up) ended it, else None."""
+    from genmanip_results.video import FfmpegError
+
+    if isinstance(exc, FfmpegError) and exc.returncode in _FFMPEG_SIGNALLED:
+        return exc.returncode
+    return None
+
+
+def _run_lock(run_dir: Path) -> Path:
+    """The one lock file of a run, hidden in its directory (``.run.json.lock``): ``run.json``,
+    every task's ``episode_result.json`` and the taking of an episode directory are all changed
+    under it.
+
+    One file per run, because a lock file cannot be removed once released: ``flock`` locks the
+    inode, so a process still waiting on an unlinked file would get "the lock" while a newcomer
+    locks a new file of the same name (``genmanip_runtime.atomic.FileLock`` leaves its file for
+    that reason). A lock per task (the reference client's ``episode_result.lock``) would leave a
+    visible file in every task directory; each holder keeps this one for milliseconds (a JSON
+    merge, a few renames), so the workers of a run sharing it costs nothing measurable.
+    """
+    return run_dir / RUN_JSON_LOCK
 
 
 def _unlink_markers(directory: Path) -> None:

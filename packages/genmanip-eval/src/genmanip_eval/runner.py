@@ -21,7 +21,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -30,7 +30,7 @@ from typing import Any
 from genmanip_protocol.errors import ExitCode, GenmanipError
 from genmanip_runtime.text import SafeFormatter
 
-from .batcher import DEFAULT_MAX_BATCH, DEFAULT_MAX_WAIT_S, Batcher, merge_batch_stats
+from .batcher import DEFAULT_MAX_BATCH, DEFAULT_MAX_WAIT_S, Batcher, Unbatched, merge_batch_stats
 from .client import DEFAULT_URL, EvalClient
 from .errors import PolicyError, WorkerProcessError
 from .hooks import load_episode_hook
@@ -38,7 +38,20 @@ from .inference import BatchItem, Inference
 from .lanes import Lane, LaneSettings, SerializedListener, wait_lanes
 from .recording import Recorder, resolve_results_root
 
-__all__ = ["LAUNCHER_GROUP", "RUNNERS", "EvalConfig", "RunSummary", "load_launcher", "package_versions", "plan_mode", "run_eval", "run_workers"]
+__all__ = [
+    "LAUNCHER_GROUP",
+    "RUNNERS",
+    "SECRET_FLAGS",
+    "EvalConfig",
+    "RunSummary",
+    "finish_recordings",
+    "load_launcher",
+    "package_versions",
+    "plan_mode",
+    "run_eval",
+    "run_workers",
+    "safe_argv",
+]
 
 log = logging.getLogger("genmanip_eval.runner")
 
@@ -142,7 +155,7 @@ class EvalConfig:
             "python": platform.python_version(),
             "platform": platform.platform(),
             "versions": package_versions(),
-            "argv": _safe_argv(),
+            "argv": safe_argv(),
         }
 
 
@@ -186,19 +199,33 @@ def package_versions() -> dict[str, str]:
     return dict(sorted(out.items()))
 
 
-def _safe_argv() -> list[str]:
-    # The command line minus any token value (--token X or --token=X).
+#: Flags of ``gmp eval`` (and ``gmp online run``) whose value is a secret: :func:`safe_argv` masks
+#: or drops it wherever a command line is written down (``run.json``, the resume command).
+SECRET_FLAGS = ("--token",)
+
+
+def safe_argv(argv: Sequence[str] | None = None, *, drop: bool = False) -> list[str]:
+    """``argv`` (default: ``sys.argv``) with the value of every :data:`SECRET_FLAGS` flag taken out.
+
+    The one place that knows which arguments are secrets. By default a value is masked
+    (``--token ***``, ``--token=***``: ``run.json`` shows that a token was given); with ``drop``
+    the flag goes too (``--token X`` and ``--token=X`` leave nothing), for a command meant to be
+    run again, which takes its token from ``$GMP_TOKEN`` or the config file instead.
+    """
     out: list[str] = []
     skip = False
-    for a in sys.argv:
+    for a in sys.argv if argv is None else argv:
         if skip:
-            out.append("***")
             skip = False
-        elif a in ("--token",):
-            out.append(a)
+            if not drop:
+                out.append("***")
+        elif a in SECRET_FLAGS:
             skip = True
-        elif a.startswith("--token="):
-            out.append("--token=***")
+            if not drop:
+                out.append(a)
+        elif a.startswith(tuple(f"{flag}=" for flag in SECRET_FLAGS)):
+            if not drop:
+                out.append(a.split("=", 1)[0] + "=***")
         else:
             out.append(a)
     return out
@@ -206,6 +233,47 @@ def _safe_argv() -> list[str]:
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _client_kwargs(cfg: EvalConfig, frames: str) -> dict[str, Any]:
+    """The :class:`EvalClient` arguments of ``cfg`` (every client of a run is made with these)."""
+    return {
+        "base_url": cfg.url, "run_id": cfg.run_id, "token": cfg.token, "codec": cfg.codec,
+        "frames": frames, "robot": cfg.robot, "timeouts": cfg.timeouts,
+        "render_mode": cfg.render_mode, "subframes": cfg.subframes, "ca_file": cfg.ca_file,
+        "max_recoveries": cfg.max_recoveries,
+    }
+
+
+def finish_recordings(cfg: EvalConfig) -> int:
+    """Finish what stopped invocations of run ``cfg.run_id`` left of its recordings, for a run
+    whose job has nothing left to evaluate (a resume with episodes left does the same as it
+    starts, in :func:`run_workers`). Returns how many episodes were finished.
+
+    Two things can be left: episodes whose result was saved but whose frames or videos were not
+    finished (a Ctrl-C during an inline transcode, a kill: :meth:`Recorder.recover_run_id`), and
+    results the server still holds for the client a stop cut short (the episode's last step
+    ended it just before the stop; :meth:`Recorder.awaiting_workers`): one client on those
+    workers, without a policy, collects them as any resuming client does (``EvalClient.reset``,
+    ``adopt_on_start``), and with no seed left its workers finish at once. Only those workers:
+    a real server starts a simulator for a worker it resets. Videos are made as ``cfg.transcode``
+    says.
+    """
+    if not cfg.record or not cfg.run_id:
+        return 0
+    recorder = Recorder(resolve_results_root(cfg.results_dir), transcode=cfg.transcode)
+    interrupted = True
+    try:
+        found = recorder.recover_run_id(cfg.run_id)
+        awaiting = [w for w in recorder.awaiting_workers(cfg.run_id) if w in cfg.worker_ids]
+        if awaiting:
+            with EvalClient(worker_ids=awaiting, listener=recorder, **_client_kwargs(cfg, "jpeg")) as client:
+                client.reset()
+            found += len(recorder.finished)  # (the episodes finished with a collected result)
+        interrupted = False
+    finally:
+        recorder.close(interrupted=interrupted)
+    return found
 
 
 def plan_mode(cfg: EvalConfig, inference: Inference) -> str:
@@ -336,13 +404,7 @@ class _Session:
             self._say(kind, payload)
 
     def client_kwargs(self) -> dict[str, Any]:
-        cfg = self.cfg
-        return {
-            "base_url": cfg.url, "run_id": cfg.run_id, "token": cfg.token, "codec": cfg.codec,
-            "frames": self.wire_frames, "robot": cfg.robot, "timeouts": cfg.timeouts,
-            "render_mode": cfg.render_mode, "subframes": cfg.subframes, "ca_file": cfg.ca_file,
-            "max_recoveries": cfg.max_recoveries,
-        }
+        return _client_kwargs(self.cfg, self.wire_frames)
 
     def on_event(self, name: str, payload: dict[str, Any]) -> None:
         """The clients' ``on_event`` (from any lane's thread)."""
@@ -407,6 +469,8 @@ class _Session:
         summary, recorder = self.summary, self.recorder
         summary.elapsed_s = time.perf_counter() - self.t_start
         summary.batching = self.batching
+        # (called from a finally: a Ctrl-C or SIGTERM on its way up is the exception in flight)
+        interrupted = isinstance(sys.exc_info()[1], KeyboardInterrupt)
         try:
             if recorder is not None:
                 try:
@@ -418,15 +482,14 @@ class _Session:
                             extra["batching"] = self.batching
                         seg = recorder.manifest.get("segment")
                         if isinstance(seg, dict):
-                            stopping = sys.exc_info()[1]
                             outcome = ("complete" if summary.complete else "stopped" if self.ok
-                                       else "interrupted" if isinstance(stopping, KeyboardInterrupt)
-                                       else "failed")
+                                       else "interrupted" if interrupted else "failed")
                             extra["segment"] = {**seg, "finished": _now(), "outcome": outcome,
                                                 "episodes": len(summary.episodes), "steps": summary.steps}
                         recorder.update_manifest(finished=_now(), codec=self.codec, frames=self.frames, **extra)
                     finally:
-                        recorder.close()
+                        # Stopped: the videos still to make are left to the resume, said once.
+                        recorder.close(interrupted=interrupted)
                     summary.recorded_s = time.perf_counter() - self.t_start
                     # (merged per process: the last process to finish writes its figures)
                     recorder.update_manifest(recording={
@@ -452,11 +515,17 @@ def _run_lanes(session: _Session, inference: Inference, stop: Any) -> None:
     """The asynchronous loop: a lane per worker, one batcher for the policy."""
     cfg = session.cfg
     call = inference.actions if session.mode == "single" else inference.chunks
-    batcher: Batcher[Any] = Batcher(
-        call,
-        max_batch=cfg.max_batch or min(DEFAULT_MAX_BATCH, len(session.wids)),
-        max_wait_s=_max_wait_s(cfg, inference),
-    )
+    batcher: Batcher[Any] | Unbatched[Any]
+    if inference.concurrent:
+        # (a policy server batches every connection's requests: batching here too would make
+        # each worker wait for the others' replies and hide their timing from it)
+        batcher = Unbatched(call, batch_size_of=inference.batch_size_of)
+    else:
+        batcher = Batcher(
+            call,
+            max_batch=cfg.max_batch or min(DEFAULT_MAX_BATCH, len(session.wids)),
+            max_wait_s=_max_wait_s(cfg, inference),
+        )
     listener = SerializedListener(session.recorder) if session.recorder is not None else None
     n = cfg.chunk_size if cfg.chunk_size and cfg.chunk_size > 0 else None
     settings = LaneSettings(client_kwargs=session.client_kwargs(), mode=session.mode, chunk=n)

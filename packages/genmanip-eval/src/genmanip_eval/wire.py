@@ -269,7 +269,9 @@ class Wire:
                     raise_for_status=False,
                 )
 
-            resp = self.retry(probe, deadline=self.timeouts["docs"])
+            # (a GET: asked again even after a connection lost mid-request, e.g. a server
+            # killed while another lane's /reset was in flight)
+            resp = self.retry(probe, deadline=self.timeouts["docs"], idempotent=True)
             if resp.status == 404:
                 name = "legacy"  # the real server has no /protocol: legacy wire
             else:
@@ -295,7 +297,7 @@ class Wire:
                 self.count("/docs")
                 return self.docs()
 
-            self.retry(docs, deadline=self.timeouts["docs"])
+            self.retry(docs, deadline=self.timeouts["docs"], idempotent=True)
         self.server_info = info
         self.codec = get_codec(name)
         self.codec_name = name

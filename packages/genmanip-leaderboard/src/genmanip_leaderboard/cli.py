@@ -178,7 +178,7 @@ def bundle(
     console: Console,
 ) -> int:
     """``gmp leaderboard bundle RUN``: write a verified bundle; print its path on stdout."""
-    found = resolve_run(run, default_roots(root), benchmark_id)
+    found = resolve_run(run, root, benchmark_id)
     b = build_bundle(
         found,
         out,

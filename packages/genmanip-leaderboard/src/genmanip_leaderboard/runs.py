@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from genmanip_results.discovery import RunInfo, find_runs, is_run_dir, load_run, run_policy
+from genmanip_results.compare import RunNotFound
+from genmanip_results.compare import resolve_run as resolve_results_run
+from genmanip_results.discovery import RunInfo, find_runs, is_run_dir, run_policy
 from genmanip_results.roots import search_roots as default_roots
 
 from .errors import AmbiguousRunError, RunNotFoundError
@@ -144,15 +146,32 @@ def select_run(runs: list[RunInfo], run_id: str, benchmark_id: str | None = None
 
 
 def resolve_run(
-    spec: str, roots: list[Path], benchmark_id: str | None = None
+    spec: str, root: str | os.PathLike[str] | None = None, benchmark_id: str | None = None
 ) -> RunInfo:
-    """A run from a run directory path or a run id (``RUN`` argument of ``gmp leaderboard bundle``)."""
+    """A run from a run directory or a run id (``RUN`` of ``gmp leaderboard bundle``).
+
+    Found by the readers' one rule, :func:`genmanip_results.compare.resolve_run` (``root`` as
+    ``--root`` gave it, searched by :func:`genmanip_results.roots.search_roots`; a run id may be
+    spelt ``<benchmark>/<run_id>``); ``benchmark_id`` narrows a run id to that benchmark. When it
+    finds no single run, the failure is said in the leaderboard's terms by :func:`select_run`
+    (:class:`RunNotFoundError` listing the runs there are, :class:`AmbiguousRunError` naming every
+    candidate and ``--benchmark-id``), or :class:`RunNotFoundError` for a path that is not a run
+    directory or a root that does not exist.
+    """
+    narrowed = benchmark_id is not None and not is_run_dir(Path(spec))
+    failure: RunNotFound | None = None
+    try:
+        run = resolve_results_run(f"{benchmark_id}/{spec}" if narrowed else spec, root)
+    except RunNotFound as exc:
+        failure = exc
+    else:
+        # (``B/x`` may also be the nested run id ``B/x`` of another benchmark: not the one asked for)
+        if not narrowed or run.benchmark == benchmark_id:
+            return run
     p = Path(spec)
-    if p.is_dir() and is_run_dir(p):
-        return load_run(p)
     if p.is_absolute() or (os.sep in spec and p.exists()):
-        raise RunNotFoundError(f"{spec!r} is not a run directory")
-    return select_run(discover_runs(roots), spec, benchmark_id)
+        raise RunNotFoundError(f"{spec!r} is not a run directory") from failure
+    return select_run(discover_runs(default_roots(root)), spec, benchmark_id)
 
 
 def run_summary(run: RunInfo) -> dict[str, Any]:

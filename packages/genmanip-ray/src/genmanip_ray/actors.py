@@ -129,16 +129,18 @@ class PolicyReplica:
         ``(worker_id, episode_id, obs, new_episode)``. Returns ``{"values", "call_ms",
         "queue_ms", "batch_size"}`` or ``{"error": ...}`` (the policy failed: not retried).
 
-        The batcher's participants are the *groups*: a group sends its ready observations in
-        one call and cannot send more until that call returns, so waiting for one of its
-        workers would only stall; waiting for a group that is due merges the groups' batches."""
-        key = f"group-{group}"
+        The batcher's participants are the *workers* (``group/worker``): each group's lanes
+        call on their own (:attr:`RemotePolicy.concurrent_workers`), so this batcher sees every
+        worker's own pace, as the in-process one does, and batches and pipelines them across
+        the groups of every actor."""
+        keys = [f"{group}/{wid}" for wid, _, _, _ in items]
         with self._known_lock:
-            if key not in self._known:
-                self._known.add(key)
-                self.batcher.attach(key)
+            for key in keys:
+                if key not in self._known:
+                    self._known.add(key)
+                    self.batcher.attach(key)
         futures = [self.batcher.submit((mode, BatchItem(wid, eid, obs, new_episode=new)), key)
-                   for wid, eid, obs, new in items]
+                   for (wid, eid, obs, new), key in zip(items, keys, strict=True)]
         try:
             outcomes = [f.result() for f in futures]
         except Exception as exc:
@@ -242,7 +244,12 @@ class RemotePolicy:
 
     Built by :meth:`create` with only the methods the replica's policy offers, so that
     :class:`~genmanip_eval.inference.Inference` plans the same mode as for the policy itself.
+    Each lane calls it from its own thread (``concurrent_workers``): the replica batches.
     """
+
+    #: Calls for different workers may run at once (a Ray handle is thread-safe): the async
+    #: runner lets every lane send its own observation, and the replica's batcher batches them.
+    concurrent_workers = True
 
     def __init__(self, group: int, n_workers: int, router: Any) -> None:
         self.group = group
@@ -250,6 +257,7 @@ class RemotePolicy:
         self.router = router
         self.route: tuple[int, Any] | None = None
         self.reroutes = 0
+        self._sizes: dict[str, int] = {}  # worker id -> the replica batch of its last call
 
     @classmethod
     def create(cls, group: int, n_workers: int, router: Any, *, has_action: bool, has_chunk: bool) -> Any:
@@ -293,7 +301,13 @@ class RemotePolicy:
                 err = PolicyError(e["message"], hint=e.get("hint"))
                 err.exit_code = ExitCode(e.get("exit_code", int(ExitCode.FAILURE)))  # type: ignore[misc]
                 raise err
+            for it, size in zip(batch, reply.get("batch_size") or (), strict=False):
+                self._sizes[str(it.worker_id)] = int(size)
             return list(reply["values"])
+
+    def batch_size_of(self, worker_id: str) -> int | None:
+        """The size of the replica's batch that served ``worker_id``'s last call."""
+        return self._sizes.get(str(worker_id))
 
 
 class _ActionsOnly(RemotePolicy):

@@ -17,11 +17,19 @@ Which directories are searched is :mod:`genmanip_results.roots`; containment is
 :func:`genmanip_results.paths.open_within` (checked again where it is opened, so a file swapped for
 a symlink after the listing is not read). Each :class:`EpisodeInfo` carries the ``root`` it was
 found under: the series loader and the viewer open its files within that same root.
+
+A run's state (:attr:`RunInfo.state`: ``live``, ``interrupted``, or how its last ``gmp eval``
+ended) comes from the segments ``gmp eval`` records in ``run.json`` (each names the host and pid of
+its invocation and, once it ends, its outcome), checked against the process
+(:func:`genmanip_results.live.process_alive`) and the run's newest write; runs without segments
+(the server layout, older recordings) go by their episode locks and recent writes. Runs are
+addressed by :func:`run_key` of :func:`run_rel` (``gmp viz``'s URLs, ``gmp report``'s links).
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import json
 import logging
 import os
@@ -39,8 +47,10 @@ from .layout import (
     EPISODE_RRD,
     EVAL_RESULTS_DIR,
     FRAME_STORE_SUFFIX,
+    FRAMES_DIR,
     INCOMPLETE,
     LOCK_SUFFIX,
+    MERGED_VIDEO,
     META_RECORD,
     PROGRESS_JSON,
     RESULT_INFO,
@@ -51,6 +61,7 @@ from .layout import (
     SUBMITTED_FLAG,
     VIDEO_SUFFIX,
 )
+from .live import ACTIVE_S, LIVE_FRESH_S, STALE_AFTER_S, live_activity, process_alive
 from .paths import UnsafePathError, is_within, open_within
 from .roots import project_trees
 
@@ -67,7 +78,9 @@ __all__ = [
     "load_run",
     "policy_label",
     "read_locks",
+    "run_key",
     "run_policy",
+    "run_rel",
 ]
 
 log = logging.getLogger(__name__)
@@ -75,7 +88,7 @@ log = logging.getLogger(__name__)
 Layout = Literal["server", "client"]
 
 #: A lock is stale after this many seconds without a touch (the server's rule).
-LOCK_STALE_AFTER = 300.0
+LOCK_STALE_AFTER = STALE_AFTER_S
 _SEED = re.compile(r"^\d+$")
 _RUN_MARKERS = (RUN_JSON, PROGRESS_JSON, SUBMITTED_FLAG)
 _EPISODE_MARKERS = (RESULT_INFO, RESULT_JSON, STEPS_JSONL, INCOMPLETE)
@@ -152,8 +165,24 @@ class RunInfo:
 
     ``created``/``updated`` are epoch seconds (``run.json`` start time when present, else the
     earliest / latest mtime seen). ``total_episodes`` comes from ``run.json``, else from the
-    metric dict's ``(done/total)`` keys when every task has one. ``live`` is true while any lock is
-    fresh (server) or an ``INCOMPLETE`` episode was written to within the stale window (client).
+    metric dict's ``(done/total)`` keys when every task has one.
+
+    ``state`` is what the run is doing (``state_detail`` says why, in a few words; ``live`` is
+    ``state == "live"``):
+
+    * ``"live"``: a ``gmp eval`` segment of ``run.json`` is still running and its process is
+      alive (same host), or the run was written to within :data:`~genmanip_results.live.ACTIVE_S`
+      (a process in another pid namespace under the same host name), or it was recorded on
+      another host and the run was written to within :data:`~genmanip_results.live.STALE_AFTER_S`;
+      without segments: a fresh episode lock (server), an ``INCOMPLETE`` episode written to within
+      the stale window, or live frames newer than :data:`~genmanip_results.live.LIVE_FRESH_S`;
+    * ``"interrupted"``: the newest segment still says running but its process is gone (killed,
+      crashed; or nothing written within the stale window on another host), or it ended with
+      Ctrl-C; without segments: an episode lock went stale before its episode finished;
+    * ``"complete"``, ``"stopped"``, ``"failed"``: the newest segment's outcome (a server run
+      whose final ``result.json`` exists is ``"complete"``); ``"finished"``: ``run.json`` says
+      finished but not how;
+    * ``None``: nothing tells (an older recording, a server run that has claimed nothing).
     """
 
     path: Path
@@ -170,6 +199,8 @@ class RunInfo:
     live: bool
     metric: dict[str, TaskMetric] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    state: str | None = None
+    state_detail: str = ""
 
     @property
     def key(self) -> str:
@@ -299,6 +330,23 @@ def _mtime(path: Path) -> float | None:
         return None
 
 
+def _newest_file(directory: Path) -> float:
+    """The newest mtime of the regular files directly in ``directory`` (0 when none); links are
+    not followed."""
+    newest = 0.0
+    try:
+        with os.scandir(directory) as it:
+            for de in it:
+                try:
+                    if de.is_file(follow_symlinks=False):
+                        newest = max(newest, de.stat(follow_symlinks=False).st_mtime)
+                except OSError:
+                    continue
+    except OSError:
+        pass
+    return newest
+
+
 # --------------------------------------------------------------------------------------------
 # Predicates
 
@@ -422,7 +470,8 @@ def _build_episode(
 
     videos: dict[str, Path] = {}
     for name in sorted(files):
-        if name.endswith(VIDEO_SUFFIX) and not name.startswith("."):
+        # gmp plot's overlay video is made from the cameras, it is none of them.
+        if name.endswith(VIDEO_SUFFIX) and not name.startswith(".") and name != MERGED_VIDEO:
             videos[name[: -len(VIDEO_SUFFIX)]] = files[name]
     # A camera recorded without an mp4 yet (``--transcode deferred``) is read from its JPEG frame
     # store; every video reader takes either (genmanip_results.video / .frames).
@@ -438,6 +487,10 @@ def _build_episode(
         mt = max(mt, _mtime(files[result_name]) or 0.0)
     if steps_file is not None:
         mt = max(mt, _mtime(steps_file) or 0.0)
+    if not complete and FRAMES_DIR in names:
+        # An episode being recorded grows its frame spools at every observation (steps.jsonl is
+        # buffered): their newest write is the episode's, which tells a running writer.
+        mt = max(mt, _newest_file(ep_dir / FRAMES_DIR))
     return EpisodeInfo(
         path=ep_dir,
         layout=layout,
@@ -644,6 +697,92 @@ def _epoch(value: Any) -> float | None:
     return None
 
 
+#: A ``run.json`` segment's ``outcome`` (genmanip_eval.runner) once its invocation has ended.
+_OUTCOMES = ("complete", "stopped", "failed", "interrupted")
+
+
+def _segment_process(seg: Mapping[str, Any]) -> tuple[str | None, int | None, float | None]:
+    """(host, pid, start time) of the ``gmp eval`` invocation that wrote a ``run.json`` segment:
+    its id is ``<host>:<pid>:<ISO start time>`` (genmanip_eval.runner); the pid is None when the
+    id does not read so."""
+    host = seg.get("host") if isinstance(seg.get("host"), str) else None
+    pid: int | None = None
+    started: float | None = None
+    sid = seg.get("id")
+    if isinstance(sid, str):
+        parts = sid.split(":", 2)
+        if len(parts) == 3 and parts[1].isdigit() and parts[0] and parts[0] == (host or parts[0]):
+            host, pid, started = parts[0], int(parts[1]), _epoch(parts[2])
+    return host, pid, started if started is not None else _epoch(seg.get("started"))
+
+
+def _ago(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
+def _run_state(
+    manifest: Mapping[str, Any] | None,
+    *,
+    now: float,
+    newest_write: float,
+    live_written: float,
+    fresh_lock: bool,
+    abandoned_lock: bool,
+    recent_incomplete: bool,
+    final_metric: bool,
+) -> tuple[str | None, str]:
+    """(state, detail) of a run: the rules of :attr:`RunInfo.state`. ``newest_write`` and
+    ``live_written`` are epoch seconds of the run's newest write and its newest live-view state
+    (0: none)."""
+    quiet = now - max(newest_write, live_written)  # seconds since anything of the run was written
+    raw = manifest.get("segments") if isinstance(manifest, Mapping) else None
+    segments = [s for s in raw if isinstance(s, Mapping)] if isinstance(raw, list) else []
+    if segments:
+        gone: list[str] = []
+        for seg in segments:
+            if seg.get("outcome") != "running":
+                continue
+            host, pid, started = _segment_process(seg)
+            alive = process_alive(pid, host, started=started)
+            if alive:
+                return "live", f"gmp eval (pid {pid}) is running on {host}"
+            where = f"recorded on {host}" if host else "recorded elsewhere"
+            if alive is None:
+                if quiet <= STALE_AFTER_S:
+                    return "live", f"{where}, last written {_ago(max(quiet, 0.0))} ago"
+                gone.append(f"{where}, nothing written for {_ago(quiet)}")
+            elif quiet <= ACTIVE_S:
+                # Its files still change: a process this machine cannot see (another pid
+                # namespace under the same host name), not a dead one.
+                return "live", f"written {_ago(max(quiet, 0.0))} ago"
+            else:
+                gone.append(f"gmp eval (pid {pid}) on {host} is gone")
+        # An ended segment's outcome is final: a finished run is not "live" while its last
+        # files settle.
+        newest = max(segments, key=lambda s: _epoch(s.get("started")) or 0.0)
+        outcome = newest.get("outcome")
+        if outcome == "running":
+            return "interrupted", "; ".join(gone)
+        if outcome in _OUTCOMES:
+            finished = newest.get("finished")
+            return str(outcome), f"{outcome} at {finished}" if finished else str(outcome)
+        return None, ""
+    if fresh_lock:
+        return "live", "an episode lock is fresh"
+    finished = manifest.get("finished") if isinstance(manifest, Mapping) else None
+    if finished:
+        return "finished", f"finished at {finished}"
+    if recent_incomplete:
+        return "live", f"an unfinished episode was written {_ago(max(quiet, 0.0))} ago"
+    if live_written and now - live_written < LIVE_FRESH_S:
+        return "live", "a worker publishes live frames"
+    if abandoned_lock:
+        return "interrupted", "an episode lock went stale before its episode finished"
+    if final_metric:
+        return "complete", "the server wrote its final result.json"
+    return None, ""
+
+
 def _load_run(
     run_dir: Path,
     root: Path,
@@ -720,14 +859,6 @@ def _load_run(
     else:
         layout = "server" if EVAL_RESULTS_DIR in run_dir.parts else "client"
 
-    live = any(not li.stale for li in locks)
-    if not live:
-        for e in episodes:
-            if not e.complete and e.layout == "client" and (now - e.mtime) <= LOCK_STALE_AFTER:
-                if (e.path / INCOMPLETE).exists():
-                    live = True
-                    break
-
     times = [e.mtime for e in episodes] + [li.timestamp for li in locks]
     for name in (RUN_JSON, RESULT_JSON, PROGRESS_JSON, SUBMITTED_FLAG):
         if name in top:
@@ -743,6 +874,22 @@ def _load_run(
             if t is not None:
                 created = t
                 break
+
+    done = {(e.task_name, e.seed) for e in episodes if e.complete}
+    state, detail = _run_state(
+        manifest,
+        now=now,
+        newest_write=updated,
+        live_written=live_activity(run_dir),
+        fresh_lock=any(not li.stale for li in locks),
+        abandoned_lock=any(li.stale and (li.task_name, li.seed) not in done for li in locks),
+        recent_incomplete=any(
+            not e.complete and e.layout == "client" and (now - e.mtime) <= LOCK_STALE_AFTER
+            and (e.path / INCOMPLETE).exists()
+            for e in episodes
+        ),
+        final_metric=metric_file == RESULT_JSON and layout == "server",
+    )
 
     total: int | None = None
     if manifest is not None:
@@ -764,9 +911,11 @@ def _load_run(
         manifest=manifest,
         submitted=submitted,
         locks=locks,
-        live=live,
+        live=state == "live",
         metric=metric,
         errors=errors,
+        state=state,
+        state_detail=detail,
     )
 
 
@@ -890,3 +1039,19 @@ def policy_label(policy: dict[str, Any] | None) -> str:
     text = str(policy["spec"]) + "".join(f" {k}={v}" for k, v in policy.get("args", {}).items())
     extra = len(policy.get("all") or []) - 1
     return text + (f" (+{extra} more)" if extra > 0 else "")
+
+
+def run_rel(run_dir: str | os.PathLike[str], root: str | os.PathLike[str]) -> str:
+    """The run directory's path under ``root`` (``/``-separated, both resolved), or just its name
+    when it is not under ``root``: what :func:`run_key` is computed from."""
+    try:
+        return Path(run_dir).resolve().relative_to(Path(root).resolve()).as_posix()
+    except ValueError:
+        return Path(run_dir).name
+
+
+def run_key(rel: str) -> str:
+    """The opaque, stable id a run is addressed by (``gmp viz``'s ``/run/<key>`` URLs, and the
+    links ``gmp report`` makes to them): 12 hex characters of the SHA-256 of its
+    :func:`run_rel` under the root ``gmp viz`` serves."""
+    return hashlib.sha256(rel.encode("utf-8")).hexdigest()[:12]

@@ -23,6 +23,8 @@ Which directories are results roots is :mod:`genmanip_results.roots`. Two layout
                              INCOMPLETE, .video.lock, <camera>.mp4.part (a video being made),
                              .frames/<camera>.jpegs, .awaiting_result.<pid>.json,
                              .pending_result.<pid>.json
+          <task_name>/<seed>/state_plot.png, action_plot.png, merged_with_plot.mp4, plot.log
+                             (``gmp plot``'s outputs, either layout)
 """
 
 from __future__ import annotations
@@ -81,7 +83,8 @@ SERVER_INPUT_DIRS = ("tasks", "demonstrations")
 # --- run directory ------------------------------------------------------------------------------
 #: The client layout's run manifest.
 RUN_JSON = "run.json"
-#: The lock ``run.json`` is merged under (several ``gmp eval`` processes share one run).
+#: The run's one lock (several ``gmp eval`` processes share one run): ``run.json``, every
+#: ``episode_result.json``, an attempt taking an episode directory are changed under it.
 RUN_JSON_LOCK = ".run.json.lock"
 #: The server layout's final (``result.json``) and running (``progress.json``) metric files.
 RESULT_JSON = "result.json"
@@ -92,8 +95,10 @@ SUBMITTED_FLAG = "submitted.flag"
 LIVE_DIR = ".live"
 
 # --- task directory -----------------------------------------------------------------------------
-#: ``{"<seed>": {"score": float, "sr": float}}``, merged under :data:`EPISODE_RESULT_LOCK`.
+#: ``{"<seed>": {"score": float, "sr": float}}``, merged under :data:`RUN_JSON_LOCK`.
 EPISODE_RESULT = "episode_result.json"
+#: The reference client's lock of ``episode_result.json`` (gmp no longer writes it; a tree the
+#: reference client or an older gmp wrote may hold one).
 EPISODE_RESULT_LOCK = "episode_result.lock"
 #: Server layout: ``<task_name>/<seed>.lock`` claims an episode.
 LOCK_SUFFIX = ".lock"
@@ -141,6 +146,15 @@ LIVE_FRAME_SUFFIX = ".jpg"
 # --- generated next to an episode's files (``gmp clean`` may remove them) --------------------
 #: Every results-browser cache (``gmp viz``'s ``.genmanip_vis.rrd`` and its sidecar) starts so.
 VIEWER_CACHE_PREFIX = ".genmanip_vis."
+#: ``gmp plot``'s outputs (genmanip-artifacts writes them, into the episode directory unless told
+#: otherwise; ``gmp viz`` links the ones an episode has; ``gmp clean --plots`` removes them):
+#: the state and action plots, the cameras over a synchronized plot panel, and the plot's log.
+STATE_PLOT = "state_plot.png"
+ACTION_PLOT = "action_plot.png"
+MERGED_VIDEO = "merged_with_plot.mp4"
+PLOT_LOG = "plot.log"
+#: The plot images, in the order they are shown.
+PLOT_IMAGES = (STATE_PLOT, ACTION_PLOT)
 
 
 def awaiting_note_name(pid: int) -> str:
@@ -164,3 +178,4 @@ CACHE_DIR_TAG = "CACHEDIR.TAG"
 
 __all__ += ["CACHE_DIR_TAG", "GENERATED_MANIFEST"]  # appended: the list above stays as it was
 __all__ += ["FRAME_STORE_SUFFIX", "VIDEO_LOCK", "VIDEO_PART_SUFFIX"]
+__all__ += ["ACTION_PLOT", "MERGED_VIDEO", "PLOT_IMAGES", "PLOT_LOG", "STATE_PLOT"]

@@ -22,12 +22,18 @@ name viz will show, and a hostile one is refused on both sides. Every path is th
 :func:`genmanip_results.paths.safe_join` / :func:`genmanip_results.paths.safe_file` and every file
 read is opened through :func:`genmanip_results.paths.open_within` (symlinks resolved where the file
 is opened, so one swapped in after the listing is not followed either).
+
+Whether the process behind a run is still there is :func:`process_alive` (the pid and host a
+writer recorded, checked on this machine: a pid reused by a later process does not count) and how
+recently its files changed is :func:`live_activity` and :data:`ACTIVE_S`; the run's state built
+from them (``live``, ``interrupted``, its outcome) is :attr:`genmanip_results.discovery.RunInfo.state`.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -45,12 +51,16 @@ from .paths import (
 )
 
 __all__ = [
+    "ACTIVE_S",
     "LIVE_FRESH_S",
+    "STALE_AFTER_S",
     "LiveWorker",
+    "live_activity",
     "live_dir",
     "live_frame_path",
     "live_state_path",
     "live_workers",
+    "process_alive",
     "read_live_frame",
     "read_live_state",
     "write_live_view",
@@ -58,6 +68,18 @@ __all__ = [
 
 #: A worker whose newest live file is older than this (seconds) no longer counts as live.
 LIVE_FRESH_S = 60.0
+#: Writes this recent (seconds) show a writer at work whatever else is known: a run whose
+#: process looks gone from here (a container with its own pids under the same host name) but
+#: whose episode files still change is live for this much longer, and a crashed one says so
+#: this long after its last write.
+ACTIVE_S = 5.0
+#: A write older than this (seconds) no longer shows a live writer when nothing else can be
+#: checked (a run recorded on another host, a recording without a process record): the real
+#: server's rule for its episode locks.
+STALE_AFTER_S = 300.0
+#: How much later than the time a writer recorded for itself its process may seem to have started
+#: (boot time and clock ticks are coarse) before the pid counts as reused by another process.
+_START_SLACK_S = 2.0
 
 
 def live_dir(run_dir: str | os.PathLike[str], worker_id: str) -> Path:
@@ -108,6 +130,85 @@ def write_live_view(
         cams.append(cam)
     atomic_write_json(d / LIVE_STATE, {**state, "cameras": cams}, fsync=False)
     return d
+
+
+# ----------------------------------------------------------------------------- the writer process
+
+
+def _process_start(pid: int) -> tuple[str, float] | None:
+    """(state letter, start time in epoch seconds) of ``pid`` from Linux ``/proc``; None when
+    ``/proc`` cannot tell."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        boot = next(
+            float(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime ")
+        )
+        # fields[0] is field 3 of proc_pid_stat(5) (the state), fields[19] field 22 (starttime,
+        # clock ticks after boot).
+        return fields[0], boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def process_alive(
+    pid: int | None,
+    host: str | None,
+    *,
+    started: float | None = None,
+    this_host: str | None = None,
+) -> bool | None:
+    """Is the process ``pid`` on ``host`` that recorded itself at epoch ``started`` still running?
+
+    None when this machine cannot tell: ``host`` is another machine (or unknown) or there is no
+    pid. On this host: False for a pid no process has, a zombie (killed, never reaped), or a
+    process that started after ``started`` (the pid was reused); True otherwise, also when the
+    process is someone else's (it exists). ``this_host`` defaults to :func:`socket.gethostname`.
+    """
+    if not host or host != (this_host if this_host is not None else socket.gethostname()):
+        return None
+    if pid is None or isinstance(pid, bool) or pid <= 0:
+        return None
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # it exists, it is not ours
+    except OSError:
+        return None
+    proc = _process_start(pid)
+    if proc is None:
+        return True  # no /proc: the signal said it exists
+    state, start = proc
+    if state == "Z":
+        return False
+    return not (started is not None and start > started + _START_SLACK_S)
+
+
+def live_activity(run_dir: str | os.PathLike[str]) -> float:
+    """Epoch seconds of the newest ``live.json`` under ``<run_dir>/.live`` (0 when none): one stat
+    per worker, nothing parsed, nothing followed out of the run."""
+    run = Path(run_dir)
+    newest = 0.0
+    try:
+        entries = list((run / LIVE_DIR).iterdir())
+    except OSError:
+        return newest
+    for wdir in entries:
+        if not _valid(wdir.name, "worker_id"):
+            continue
+        state = wdir / LIVE_STATE
+        if not is_within(state, run):
+            continue
+        try:
+            newest = max(newest, state.stat().st_mtime)
+        except OSError:
+            continue
+    return newest
 
 
 # ------------------------------------------------------------------------------------ reading

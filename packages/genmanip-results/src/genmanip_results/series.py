@@ -59,7 +59,7 @@ from genmanip_protocol.errors import ExitCode, GenmanipError
 from genmanip_protocol.robots import CAMERA_ORDER, ROBOTS, RobotSpec
 
 from .errors import GenmanipResultsError
-from .layout import INCOMPLETE, META_RECORD, STEPS_JSONL
+from .layout import INCOMPLETE, MERGED_VIDEO, META_RECORD, STEPS_JSONL
 from .paths import UnsafePathError, read_bytes_within
 
 if TYPE_CHECKING:
@@ -87,7 +87,7 @@ _MAX_LISTED = 20
 _MAX_DEPTH = 8
 #: Files in an episode directory that look like camera videos but are outputs of gmp plot / the
 #: reference client, never cameras.
-_GENERATED_VIDEO_PREFIXES = ("merged_with_plot", "merged_")
+_GENERATED_VIDEO_PREFIXES = (Path(MERGED_VIDEO).stem, "merged_")
 _CONTROL_TYPES = ("joint_position", "ee_pose")
 #: Steps, timesteps and frame indices are below this (int64 arrays; no episode comes close).
 _MAX_INDEX = 1 << 62

@@ -13,6 +13,8 @@ gmp package (and usable by tools that read gmp results). Both layouts of
   ``result_info.json`` and a ``<seed>.lock`` for a running episode;
 * the live view: :func:`write_live_worker` publishes frames and state through
   :func:`genmanip_results.live.write_live_view`, exactly as ``gmp eval --live-every`` does;
+* :func:`writer_process`: a live process of this host that stands in for a ``gmp eval`` writer
+  (its pid is what a run's segment names; kill it to make the run interrupted);
 * light trees for tests of whole runs (bundling, submission, discovery): :func:`make_server_run`
   and :func:`make_client_run` write the result files and placeholder bytes for the videos and
   recordings (no ffmpeg, fast), seeds named ``000, 001, ...``.
@@ -30,13 +32,16 @@ genmanip-protocol), imported only when called.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
 import os
 import pickle
+import subprocess
+import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +79,7 @@ __all__ = [
     "write_live_worker",
     "write_server_episode",
     "write_server_run",
+    "writer_process",
 ]
 
 #: Side (pixels) of the frame-index block at the top-left corner of a synthetic frame, at most:
@@ -598,3 +604,15 @@ def make_client_run(
             er[f"{s:03d}"] = {"score": score, "sr": score}
         _write_json(run / task / EPISODE_RESULT, er)
     return run
+
+
+@contextlib.contextmanager
+def writer_process() -> Iterator[subprocess.Popen[bytes]]:
+    """A process of this host that sleeps until the block ends (then killed and reaped): it stands
+    in for a ``gmp eval`` writer, whose pid a run's ``run.json`` segment names."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait(30)

@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
@@ -68,6 +69,7 @@ class FfmpegError(VideoError):
 
 
 _FFMPEG_EXE: dict[str, str] = {}  # {"path": ...} once found
+_FFMPEG_LOOKUP = threading.Lock()
 
 
 def ffmpeg_executable() -> str:
@@ -83,21 +85,28 @@ def ffmpeg_executable() -> str:
     cached = _FFMPEG_EXE.get("path")
     if cached is not None:
         return cached
-    exe: str | None = None
-    try:
-        import imageio_ffmpeg
+    # One lookup at a time: imageio-ffmpeg checks its binary by running it, and threads racing
+    # to the first lookup each ran a check; a Ctrl-C of the process group during one of them
+    # killed it, and that thread reported "ffmpeg not found" while the other had found it.
+    with _FFMPEG_LOOKUP:
+        cached = _FFMPEG_EXE.get("path")
+        if cached is not None:
+            return cached
+        exe: str | None = None
+        try:
+            import imageio_ffmpeg
 
-        exe = imageio_ffmpeg.get_ffmpeg_exe()
-    except Exception:  # not installed, or its binary is missing for this platform
-        exe = None
-    if not exe:
-        exe = shutil.which("ffmpeg")
-    if not exe:
-        raise FfmpegNotFoundError(
-            "ffmpeg not found (neither imageio-ffmpeg nor ffmpeg on PATH)", hint=_EXTRA_HINT
-        )
-    _FFMPEG_EXE["path"] = exe
-    return exe
+            exe = imageio_ffmpeg.get_ffmpeg_exe()
+        except Exception:  # not installed, or its binary is missing for this platform
+            exe = None
+        if not exe:
+            exe = shutil.which("ffmpeg")
+        if not exe:
+            raise FfmpegNotFoundError(
+                "ffmpeg not found (neither imageio-ffmpeg nor ffmpeg on PATH)", hint=_EXTRA_HINT
+            )
+        _FFMPEG_EXE["path"] = exe
+        return exe
 
 
 def _ffmpeg_module() -> Any:

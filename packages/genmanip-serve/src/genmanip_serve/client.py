@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import ssl
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
@@ -114,7 +115,13 @@ class RemotePolicy:
     Attributes:
         metadata: the server's metadata frame (a dict).
         last_timing: worker id -> the ``server_timing`` of its last reply.
+        concurrent_workers: True: calls for different workers may run at the same time, each on
+            its own thread (every worker has its own connection). ``gmp eval`` then lets each
+            worker's lane send its own observation as soon as it has one, and the policy server
+            batches them: one batching, where the workers' timing is seen.
     """
+
+    concurrent_workers = True
 
     def __init__(
         self,
@@ -154,6 +161,7 @@ class RemotePolicy:
             self._ssl = ssl.create_default_context(cafile=ca_cert) if ca_cert else ssl.create_default_context()
         self._proxy: Literal[True] | None = None if is_loopback_host(host) else True
         self._conns: dict[str, _Conn] = {}
+        self._conns_lock = threading.Lock()  # the connection table (lanes call concurrently)
         self.last_timing: dict[str, dict[str, Any]] = {}
         first = self._open("(probe)")
         self.metadata = first.metadata
@@ -234,17 +242,26 @@ class RemotePolicy:
         return _Conn(ws, stack, meta)
 
     def _conn(self, worker: str) -> _Conn:
-        c = self._conns.get(worker)
+        with self._conns_lock:
+            c = self._conns.get(worker)
+            if c is not None:
+                return c
+            c, self._spare = self._spare, None
         if c is None:
-            if self._spare is not None:
-                c, self._spare = self._spare, None
-            else:
-                c = self._open(worker)
+            c = self._open(worker)  # (outside the lock: other workers' calls go on meanwhile)
+        with self._conns_lock:
             self._conns[worker] = c
         return c
 
+    def batch_size_of(self, worker_id: str) -> int | None:
+        """How many observations the policy server's call for ``worker_id``'s last request held
+        (its reply's ``server_timing``), None before one."""
+        n = self.last_timing.get(str(worker_id), {}).get("batch_size")
+        return n if isinstance(n, int) and not isinstance(n, bool) else None
+
     def _drop(self, worker: str) -> None:
-        c = self._conns.pop(worker, None)
+        with self._conns_lock:
+            c = self._conns.pop(worker, None)
         if c is not None:
             c.close()
 
@@ -265,9 +282,10 @@ class RemotePolicy:
 
     def close(self) -> None:
         """Close every connection. Idempotent."""
-        conns = list(self._conns.values()) + ([self._spare] if self._spare is not None else [])
-        self._conns.clear()
-        self._spare = None
+        with self._conns_lock:
+            conns = list(self._conns.values()) + ([self._spare] if self._spare is not None else [])
+            self._conns.clear()
+            self._spare = None
         for c in conns:
             try:
                 c.close()

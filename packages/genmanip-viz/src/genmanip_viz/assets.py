@@ -2,9 +2,17 @@
 
 rerun-sdk embeds its web viewer in the native extension and only exposes it through its own small HTTP
 server. The first time it is needed we start that server in a child process on a free loopback port,
-download the handful of files, strip the external font links (the browser must not reach out to a CDN:
-the viewer works offline), store a gzip copy of the ~40 MB Wasm next to the original, and stop the
-child. Later runs read the cache directory, keyed by the rerun-sdk version.
+download the handful of files, patch ``index.html`` (below), store a gzip copy of the ~40 MB Wasm next
+to the original, and stop the child. Later runs read the cache directory, keyed by the rerun-sdk
+version (a cached ``index.html`` without the current patch is patched again in place).
+
+The viewer works offline and never reaches out: the patch strips the external font links (no CDN)
+and, first thing on the page, makes the viewer's own ``fetch`` answer every request to another
+origin locally (``503``, nothing sent) instead of letting the browser try it. The viewer calls
+rerun.io's telemetry and GitHub's release API from the page; the Content-Security-Policy blocked
+those calls, but each blocked call put three errors in the browser console (five calls per episode
+page, ``Failed to fetch``), which hid real errors and alarmed users. The viewer reads a failed call
+as "offline" and logs it at debug level only; the CSP stays as the second wall.
 """
 
 from __future__ import annotations
@@ -35,6 +43,33 @@ __all__ = [
 VIEWER_FILES = ("index.html", "re_viewer.js", "re_viewer_bg.wasm", "favicon.ico")
 
 _EXTERNAL_LINK = re.compile(r"<link\b[^>]*https?://[^>]*>\s*", re.IGNORECASE | re.DOTALL)
+_HEAD = re.compile(r"<head\b[^>]*>", re.IGNORECASE)
+#: Marks an ``index.html`` that carries the current :data:`_OFFLINE_FETCH` (bump when it changes).
+_PATCH_MARK = "<!-- gmp viz: offline fetch v1 -->"
+#: First script of the viewer page: its requests to other origins get a local answer (see the
+#: module docstring). Same-origin, ``data:`` and ``blob:`` requests go through unchanged.
+_OFFLINE_FETCH = (
+    _PATCH_MARK
+    + """<script>
+(function () {
+  "use strict";
+  var realFetch = window.fetch.bind(window);
+  window.fetch = function (input, init) {
+    var url = null;
+    try {
+      url = new URL(input instanceof Request ? input.url : String(input), window.location.href);
+    } catch (e) {
+      return realFetch(input, init);
+    }
+    var web = url.protocol === "http:" || url.protocol === "https:";
+    if (!web || url.origin === window.location.origin) return realFetch(input, init);
+    console.debug("gmp viz: the viewer stays offline; not contacting " + url.origin);
+    return Promise.resolve(new Response(null, { status: 503, statusText: "offline (gmp viz)" }));
+  };
+})();
+</script>
+"""
+)
 _SERVE_SNIPPET = (
     "import sys, time, rerun as rr\n"
     "rr.serve_web_viewer(web_port=int(sys.argv[1]), open_browser=False)\n"
@@ -90,8 +125,25 @@ def _fetch(url: str, timeout: float) -> bytes:
 
 
 def _patch_index(html: str) -> str:
+    """The viewer page as served: no external links, the offline ``fetch`` first (idempotent)."""
     # Drop the Google Fonts links: offline use, no third-party requests from the viewer page.
-    return _EXTERNAL_LINK.sub("", html)
+    html = _EXTERNAL_LINK.sub("", html)
+    if _PATCH_MARK in html:
+        return html
+    head = _HEAD.search(html)
+    # Before every script of the page, so the viewer only ever sees the patched fetch.
+    at = head.end() if head is not None else 0
+    return html[:at] + "\n" + _OFFLINE_FETCH + html[at:]
+
+
+def _ensure_patched(index: Path) -> None:
+    """Patch a cached ``index.html`` made before the current patch (atomically, in place)."""
+    html = index.read_text(encoding="utf-8")
+    patched = _patch_index(html)
+    if patched != html:
+        from genmanip_runtime.atomic import atomic_write_text
+
+        atomic_write_text(index, patched)
 
 
 def _extract(dest: Path, timeout: float) -> None:
@@ -156,6 +208,7 @@ def ensure_viewer_assets(*, cache_dir: Path | None = None, timeout: float = 60.0
     root = Path(cache_dir) if cache_dir is not None else cache_root()
     dest = root / f"rerun-web-{rerun_version()}"
     if all((dest / n).is_file() for n in (*VIEWER_FILES, "re_viewer_bg.wasm.gz")):
+        _ensure_patched(dest / "index.html")
         return dest
     ensure_cache_root(cache_dir)
     if dest.exists():

@@ -1,14 +1,15 @@
 """The browser's view of a results root: opaque run ids, episode lookup, live workers, comparisons.
 
-Discovery itself is :mod:`genmanip_results.discovery` (both layouts, incremental ``RunScanner``). This
-module only indexes its output for the pages. Scanning runs on a background thread: a request takes the
-newest snapshot, asks for a rescan when it is older than ``min_interval`` and waits at most ``wait``
-seconds for it, so no request blocks on a slow file system for more than a page's worth of work.
+Discovery itself is :mod:`genmanip_results.discovery` (both layouts, incremental ``RunScanner``, the
+run's state and its key). This module only indexes its output for the pages. Scanning runs on a
+background thread: a request takes the newest snapshot; when that is older than ``min_interval`` it
+asks for a rescan and waits up to ``wait`` seconds for one that started after the request came in
+(pages wait :data:`FRESH_WAIT_S`: they show the tree as it is, not as it was at the previous
+request), so no request blocks on a slow file system for more than a few seconds.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 import threading
 import time
@@ -16,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from genmanip_results.discovery import EpisodeInfo, RunInfo, RunScanner
+from genmanip_results.discovery import EpisodeInfo, RunInfo, RunScanner, run_key, run_rel
 
 # The live-view contract (file names, path safety) is genmanip_results.live: eval writes through
 # it, these readers are its; re-exported here for the pages.
@@ -24,6 +25,7 @@ from genmanip_results.live import LiveWorker, live_workers
 from genmanip_results.stats import PairTable, holm_adjust, pair_outcomes, wilson_interval
 
 __all__ = [
+    "FRESH_WAIT_S",
     "Comparison",
     "GroupStats",
     "LiveWorker",
@@ -37,10 +39,9 @@ __all__ = [
     "run_key",
 ]
 
-
-def run_key(rel: str) -> str:
-    """Opaque, stable id of a run from its path relative to the results root (12 hex chars)."""
-    return hashlib.sha256(rel.encode("utf-8")).hexdigest()[:12]
+#: How long (seconds) a page request waits for a rescan of a snapshot older than the scan
+#: interval before it answers from the older one (a very slow file system).
+FRESH_WAIT_S = 3.0
 
 
 def episode_rel(ep: EpisodeInfo) -> str:
@@ -96,6 +97,11 @@ class RunView:
     def title(self) -> str:
         return f"{self.info.benchmark}/{self.info.run_id}"
 
+    @property
+    def state(self) -> str | None:
+        """The run's state (:attr:`genmanip_results.discovery.RunInfo.state`)."""
+        return self.info.state
+
     def neighbours(self, rel: str) -> tuple[str | None, str | None]:
         """The previous and next episode addresses around ``rel`` (task then seed order)."""
         try:
@@ -112,10 +118,7 @@ def _seed_key(seed: str) -> tuple[int, str]:
 
 
 def _make_view(root: Path, info: RunInfo, now: float) -> RunView:
-    try:
-        rel = Path(info.path).resolve().relative_to(root.resolve()).as_posix()
-    except ValueError:
-        rel = Path(info.path).name
+    rel = run_rel(info.path, root)
     view = RunView(key=run_key(rel), rel=rel, info=info)
     eps = sorted(info.episodes, key=lambda e: (e.task_name, _seed_key(str(e.seed))))
     for ep in eps:
@@ -124,18 +127,22 @@ def _make_view(root: Path, info: RunInfo, now: float) -> RunView:
         view.order.append(r)
     view.stats = group_stats(eps)
     view.workers = live_workers(Path(info.path), now=now)
-    view.live = bool(getattr(info, "live", False)) or any(w.fresh for w in view.workers)
+    # Discovery decides (live frames are one of its signals): a crashed run's last frames must not
+    # keep it "live", nor a finished run's.
+    view.live = info.live
     return view
 
 
 @dataclass
 class Snapshot:
-    """One consistent scan result: runs newest first and by key."""
+    """One consistent scan result: runs newest first and by key. ``started_at`` and
+    ``scanned_at`` are the :func:`time.monotonic` times the scan started and ended."""
 
     runs: list[RunView]
     by_key: dict[str, RunView]
     scanned_at: float
     scan_seconds: float
+    started_at: float = 0.0
 
 
 class ResultsIndex:
@@ -155,7 +162,7 @@ class ResultsIndex:
         self._want = False
         self._busy = False
         self._error: BaseException | None = None
-        self._attempts = 0  # finished scans, good or failed
+        self._done_started = -math.inf  # start time of the newest finished scan, good or failed
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="gmp-viz-scan", daemon=True)
         self._thread.start()
@@ -182,6 +189,7 @@ class ResultsIndex:
                     return
                 self._want = False
                 self._busy = True
+            started = time.monotonic()
             t0 = time.perf_counter()
             try:
                 infos = self._scanner.scan()
@@ -192,6 +200,7 @@ class ResultsIndex:
                     by_key={v.key: v for v in views},
                     scanned_at=time.monotonic(),
                     scan_seconds=time.perf_counter() - t0,
+                    started_at=started,
                 )
                 err = None
             except BaseException as exc:  # keep serving the last good snapshot
@@ -200,7 +209,7 @@ class ResultsIndex:
                 if snap is not None:
                     self._snap = snap
                 self._error = err
-                self._attempts += 1
+                self._done_started = started
                 self._busy = False
                 self._cond.notify_all()
 
@@ -210,42 +219,45 @@ class ResultsIndex:
         return self._error
 
     def snapshot(self, *, wait: float = 0.0, first_wait: float = 5.0) -> Snapshot | None:
-        """The newest snapshot, refreshing it in the background when older than ``min_interval``."""
-        deadline = time.monotonic() + (first_wait if self._snap is None else wait)
+        """The newest snapshot; when it started more than ``min_interval`` ago, a rescan is asked
+        for and this waits up to ``wait`` seconds (``first_wait`` before the first scan) for a
+        scan that started after the call, then answers with the newest there is (None before the
+        first scan).
+
+        Waiting for a scan that *started* after the call is what makes a page show the tree as
+        it is: a scan already running when the request came in may have listed the directories
+        before the change the user is looking for.
+        """
+        asked = time.monotonic()
         with self._cond:
             snap = self._snap
-            stale = snap is None or time.monotonic() - snap.scanned_at > self.min_interval
-            if stale and not self._busy and not self._want:
-                self._want = True
+            if snap is not None and asked - snap.started_at <= self.min_interval:
+                return snap
+            if not self._want:
+                self._want = True  # (also when a scan is running: the next one starts after it)
                 self._cond.notify_all()
-            if stale:
-                attempts = self._attempts
-                while True:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        break
-                    if self._snap is not snap and self._snap is not None:
-                        break
-                    if self._attempts != attempts and not self._busy and not self._want:
-                        break  # a scan finished (perhaps failed): answer with what there is
-                    if snap is not None and not self._busy and not self._want:
-                        break
-                    self._cond.wait(remaining)
+            deadline = asked + (first_wait if snap is None else wait)
+            done_before = self._done_started
+
+            def pending() -> bool:
+                if snap is None:  # before a first snapshot, any scan that ends will do
+                    return self._done_started == done_before
+                return self._done_started < asked  # the scan asked for has not ended yet
+
+            while pending():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._closed:
+                    break
+                self._cond.wait(remaining)
             return self._snap
 
     def wait_for_scan(self, timeout: float = 30.0) -> Snapshot | None:
-        """Block until a scan newer than now has finished (tests, benchmarks, ``gmp viz build``)."""
+        """Block until a scan that started after this call has finished (tests, benchmarks,
+        ``gmp viz build``); the newest snapshot (None when no scan ever succeeded)."""
         start = time.monotonic()
         self.request_scan()
         with self._cond:
-            while time.monotonic() - start < timeout:
-                if (
-                    self._snap is not None
-                    and self._snap.scanned_at >= start
-                    and not self._want
-                    and not self._busy
-                ):
-                    return self._snap
+            while self._done_started < start and time.monotonic() - start < timeout:
                 self._cond.wait(0.05)
             return self._snap
 

@@ -4,6 +4,9 @@ Routes (all GET):
 
 * ``/`` runs; ``/run/{key}`` one run (``?failures=1``, ``?compare=<key>``);
   ``/episode/{key}/{task}/{seed}`` one episode with the Rerun viewer;
+* ``/files/{key}/{task}/{seed}`` the episode directory's files, ``/file/{key}/{name}/{task}/{seed}``
+  one of them (plots, videos, ``steps.jsonl``, ...);
+* ``/api/runs``, ``/api/run/{key}`` the runs' state and numbers as JSON (pages of a live run poll it);
 * ``/rrd/{key}/{task}/{seed}/recording.rrd`` the episode's recording (built on first request in a
   bounded process pool; concurrent requests for one episode share one build);
 * ``/viewer/{file}`` the Rerun web viewer files (fixed allow-list, from the rerun-sdk cache);
@@ -12,8 +15,10 @@ Routes (all GET):
 * ``/static/app.css``, ``/static/app.js``.
 
 Runs are addressed by opaque keys and episodes by ``<task>/<seed>`` looked up in the scanned index;
-no request path is ever turned into a file path. Every file a route reads (``result.json`` or
-``meta_record.pkl`` for the instruction, the ``.rrd``, live frames and state) is opened through
+no request path is ever turned into a file path (an episode file's name must pass
+:func:`genmanip_results.paths.safe_file` in its episode directory, so nothing hidden and nothing
+elsewhere). Every file a route reads (``result.json`` or ``meta_record.pkl`` for the instruction,
+the ``.rrd``, the episode's files, live frames and state) is opened through
 :func:`genmanip_results.paths.open_within`, checked where it is opened against the served root, so
 a symlink inside the root that points out of it (also one swapped in after the scan) is never
 served: a 404, never its bytes. Security middleware: Host header check on loopback
@@ -31,6 +36,7 @@ import math
 import multiprocessing
 import os
 import socket
+import stat
 import threading
 import time
 from collections import OrderedDict
@@ -57,6 +63,7 @@ from genmanip_results.paths import (
     is_within,
     open_within,
     read_bytes_within,
+    safe_file,
     safe_relative,
 )
 from genmanip_runtime.netpolicy import is_loopback_host
@@ -75,7 +82,7 @@ from starlette.routing import Route
 from . import pages
 from .assets import VIEWER_FILES, ensure_viewer_assets
 from .errors import PortInUseError, RecordingBuildError
-from .index import ResultsIndex, RunView, compare_runs, live_workers
+from .index import FRESH_WAIT_S, ResultsIndex, RunView, compare_runs, live_workers
 from .recording import (
     IGNORE_SIGINT,
     SERVER_RRD_NAME,
@@ -406,6 +413,38 @@ def _read_instruction(ep: EpisodeInfo) -> str:
     return str(data.get("instruction") or "") if isinstance(data, dict) else ""
 
 
+#: Media types of an episode's files by suffix; any other file is sent as a download. Never HTML
+#: or SVG: a file of a results tree must not run script on this origin (nosniff is set too).
+_FILE_TYPES = {
+    ".png": "image/png",
+    ".jpg": "image/jpeg",
+    ".mp4": "video/mp4",
+    ".json": "application/json",
+    ".jsonl": "text/plain; charset=utf-8",
+    ".log": "text/plain; charset=utf-8",
+    ".txt": "text/plain; charset=utf-8",
+}
+
+
+def _episode_files(ep: EpisodeInfo) -> list[pages.EpisodeFile]:
+    """The regular files of the episode's directory the pages may link and ``/file`` serves:
+    names that pass :func:`safe_file` there (nothing hidden, nothing resolving out of it)."""
+    directory = Path(ep.path)
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return []
+    out = []
+    for name in names:
+        try:
+            st = safe_file(directory, name, field="file").stat()
+        except (UnsafePathError, OSError):
+            continue
+        if stat.S_ISREG(st.st_mode):
+            out.append(pages.EpisodeFile(name, st.st_size, st.st_mtime))
+    return out
+
+
 def _file_response(path: Path, root: Path, media_type: str, headers: dict[str, str]) -> Response | None:
     """Stream ``path`` when it opens within ``root`` (:func:`open_within`); None otherwise.
 
@@ -458,8 +497,9 @@ def create_app(
     )
 
     def snapshot_or_scanning() -> Any:
-        snap = state.index.snapshot()
-        return snap
+        # Pages show the tree as it is now: a snapshot older than the scan interval is refreshed
+        # (an incremental rescan) before the page is made, not after.
+        return state.index.snapshot(wait=FRESH_WAIT_S)
 
     def _scanning() -> HTMLResponse:
         err = state.index.last_error
@@ -473,8 +513,9 @@ def create_app(
             return _scanning()
         return _html(pages.runs_page(snap, str(root)))
 
-    def _view(request: Request) -> RunView | None:
-        snap = state.index.snapshot()
+    def _view(request: Request, *, fresh: bool = False) -> RunView | None:
+        # (files, frames, recordings: the episode exists in the snapshot there is, no rescan)
+        snap = snapshot_or_scanning() if fresh else state.index.snapshot()
         if snap is None:
             return None
         return snap.by_key.get(str(request.path_params["key"]))
@@ -505,8 +546,10 @@ def create_app(
             )
         )
 
-    def _episode(request: Request, rel: str) -> tuple[RunView, str, EpisodeInfo] | None:
-        view = _view(request)
+    def _episode(
+        request: Request, rel: str, *, fresh: bool = False
+    ) -> tuple[RunView, str, EpisodeInfo] | None:
+        view = _view(request, fresh=fresh)
         if view is None:
             return None
         try:
@@ -530,7 +573,9 @@ def create_app(
         return text
 
     async def episode(request: Request) -> Response:
-        found = await run_in_threadpool(_episode, request, str(request.path_params["rel"]))
+        found = await run_in_threadpool(
+            lambda: _episode(request, str(request.path_params["rel"]), fresh=True)
+        )
         if found is None:
             return _not_found("episode")
         view, rel, ep = found
@@ -543,7 +588,53 @@ def create_app(
         # The page plays the JPEG frames directly (no video needed: the first open of a 600-step
         # episode costs an index of each frame store, ~1 ms, not an x264 pass).
         frame_counts = await run_in_threadpool(_frame_counts, ep)
-        return _html(pages.episode_page(view, rel, ep, instruction=instruction, frame_counts=frame_counts))
+        files = await run_in_threadpool(_episode_files, ep)
+        return _html(
+            pages.episode_page(
+                view, rel, ep, instruction=instruction, frame_counts=frame_counts, files=files
+            )
+        )
+
+    async def files(request: Request) -> Response:
+        found = await run_in_threadpool(_episode, request, str(request.path_params["rel"]))
+        if found is None:
+            return _not_found("episode")
+        view, rel, ep = found
+        listing = await run_in_threadpool(_episode_files, ep)
+        return _html(pages.files_page(view, rel, ep, listing))
+
+    async def episode_file(request: Request) -> Response:
+        found = await run_in_threadpool(_episode, request, str(request.path_params["rel"]))
+        if found is None:
+            return _not_found("file")
+        name = str(request.path_params["name"])
+        try:
+            # The name is one plain component of the episode directory, checked where the path is
+            # built; the file is then opened within the root (open_within, in _file_response).
+            path = safe_file(Path(found[2].path), name, field="file")
+        except UnsafePathError:
+            return _not_found("file")
+        media = _FILE_TYPES.get(Path(name).suffix.lower())
+        headers = {"cache-control": "no-cache"}
+        if media is None:
+            media = "application/octet-stream"
+            headers["content-disposition"] = f'attachment; filename="{name}"'
+        served = await run_in_threadpool(_file_response, path, root, media, headers)
+        return served if served is not None else _not_found("file")
+
+    async def api_runs(request: Request) -> Response:
+        snap = await run_in_threadpool(snapshot_or_scanning)
+        if snap is None:
+            return JSONResponse({"error": "scanning"}, status_code=503)
+        return JSONResponse(
+            {"runs": [pages.run_status(v) for v in snap.runs]}, headers={"cache-control": "no-store"}
+        )
+
+    async def api_run(request: Request) -> Response:
+        view = await run_in_threadpool(lambda: _view(request, fresh=True))
+        if view is None:
+            return JSONResponse({"error": "no such run"}, status_code=404)
+        return JSONResponse({"runs": [pages.run_status(view)]}, headers={"cache-control": "no-store"})
 
     def _frame_counts(ep: EpisodeInfo) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -731,6 +822,10 @@ def create_app(
         Route("/favicon.ico", favicon),
         Route("/run/{key:str}", run),
         Route("/episode/{key:str}/{rel:path}", episode),
+        Route("/files/{key:str}/{rel:path}", files),
+        Route("/file/{key:str}/{name:str}/{rel:path}", episode_file),
+        Route("/api/runs", api_runs),
+        Route("/api/run/{key:str}", api_run),
         Route("/rrd/{key:str}/{rel:path}", rrd),
         Route("/frame/{key:str}/{camera:str}/{index:int}/{rel:path}", frame),
         Route("/timeline/{key:str}/{rel:path}", timeline),

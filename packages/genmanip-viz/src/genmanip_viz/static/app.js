@@ -1,4 +1,4 @@
-// gmp viz: table sorting, viewer embedding, live refresh. Local file, no dependencies.
+// gmp viz: table sorting, viewer embedding, live refresh, following live runs. Local file, no dependencies.
 "use strict";
 (function () {
   function cellValue(row, i) {
@@ -154,5 +154,64 @@
       })
       .catch(() => {});
   }
-  document.addEventListener("DOMContentLoaded", () => { initSorting(); initViewer(); initReload(); initLive(); initPlayer(); });
+  // Pages of a live run follow it: while a run shown is live, its state and numbers come from
+  // /api/... every 2 s (the text is formatted by the server, under "display"). Nothing is fetched
+  // on pages without a live run; a fetch cut short by leaving the page is expected and ignored.
+  function initFollow() {
+    const box = document.querySelector("[data-api]");
+    if (!box) return;
+    const url = box.getAttribute("data-api");
+    const shownDone = new Map();
+    document.querySelectorAll("[data-run]").forEach((el) => {
+      const done = el.querySelector('[data-field="done"]');
+      shownDone.set(el.getAttribute("data-run"), done ? done.textContent : "");
+    });
+    function anyLive() {
+      return document.querySelector('[data-run] [data-field="state"][data-state="live"]') !== null;
+    }
+    function put(el, field, text, sortValue) {
+      const f = el.querySelector('[data-field="' + field + '"]');
+      if (!f) return null;
+      const b = f.querySelector("b");
+      if (field === "sr" && b) {
+        b.textContent = text.sr;
+        const ci = f.querySelector(".ci");
+        if (ci) ci.textContent = text.ci;
+      } else {
+        f.textContent = text;
+      }
+      if (sortValue !== undefined && f.hasAttribute("data-v")) f.setAttribute("data-v", String(sortValue));
+      return f;
+    }
+    function apply(run) {
+      const d = run.display;
+      document.querySelectorAll('[data-run="' + run.key + '"]').forEach((el) => {
+        const st = put(el, "state", d.state);
+        if (st) {
+          st.className = d.state_class;
+          st.setAttribute("data-state", run.state || "");
+          st.title = d.state_title;
+        }
+        put(el, "detail", run.state_detail || "");
+        put(el, "done", d.done, run.done);
+        put(el, "sr", d, run.sr === null ? -1 : run.sr);
+        put(el, "mean", d.mean, run.mean_score === null ? -1 : run.mean_score);
+        const reload = el.querySelector('[data-field="reload"]');
+        if (reload && shownDone.get(run.key) !== d.done) reload.hidden = false;
+      });
+    }
+    async function tick() {
+      if (!document.hidden) {
+        try {
+          const r = await fetch(url, { cache: "no-store", credentials: "same-origin" });
+          if (r.ok) (await r.json()).runs.forEach(apply);
+        } catch (e) {
+          // the page is being left, or gmp viz restarts: the next tick (if any) tries again
+        }
+      }
+      if (anyLive()) setTimeout(tick, 2000);
+    }
+    if (anyLive()) setTimeout(tick, 2000);
+  }
+  document.addEventListener("DOMContentLoaded", () => { initSorting(); initViewer(); initReload(); initLive(); initPlayer(); initFollow(); });
 })();
