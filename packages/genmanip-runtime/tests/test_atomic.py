@@ -209,3 +209,46 @@ def test_merge_json_four_processes_lose_no_update(tmp_path: Path) -> None:
     assert len(data) == 1001
     assert all(data[f"{w}-{i}"] == i for w in range(4) for i in range(250))
     assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".*.tmp"))
+
+
+_REMOVING_LOCKER = """
+import sys
+from pathlib import Path
+from genmanip_runtime.atomic import FileLock
+
+lock, counter, n = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+for _ in range(n):
+    with FileLock(lock, timeout=60, remove=True):
+        # read-modify-write with a gap: a second holder at the same time loses an update
+        v = int(counter.read_text() or 0)
+        counter.write_text(str(v + 1))
+"""
+
+
+def test_a_lock_that_removes_its_file_still_excludes(tmp_path: Path) -> None:
+    # Four processes take turns 150 times each; every holder deletes the file as it releases.
+    # A waiter that locked the deleted file notices and waits on the new one: no update is lost
+    # (two holders at once would lose some), and no lock file is left behind.
+    import subprocess
+    import sys
+
+    lock, counter = tmp_path / ".video.lock", tmp_path / "counter"
+    counter.write_text("0")
+    procs = [subprocess.Popen([sys.executable, "-c", _REMOVING_LOCKER, str(lock), str(counter), "150"])
+             for _ in range(4)]
+    for p in procs:
+        assert p.wait(120) == 0
+    assert counter.read_text() == "600"
+    assert not lock.exists()
+
+
+def test_a_kept_lock_file_and_a_removing_one_share_the_lock(tmp_path: Path) -> None:
+    lock = tmp_path / "x.lock"
+    with FileLock(lock, timeout=1, remove=True):
+        assert lock.exists()
+        with pytest.raises(LockTimeout):
+            FileLock(lock, timeout=0.1).acquire()
+    assert not lock.exists()
+    with FileLock(lock, timeout=1):
+        pass
+    assert lock.exists()  # (the default keeps it)

@@ -122,6 +122,10 @@ class Lane:
         self.stepping = False
         self.connected = threading.Event()
         self._interrupted = False
+        # Set as the lane's thread ends. Waiting on it, not on Thread.join: a Ctrl-C that lands
+        # inside Thread.join can leave a running thread looking ended (Python 3.11), and the
+        # cleanup after that Ctrl-C must really wait for the lanes.
+        self._ended = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"gmp-lane-{worker_id}", daemon=True)
 
     # ------------------------------------------------------------------ control (runner thread)
@@ -131,12 +135,12 @@ class Lane:
 
     def join(self, timeout: float | None) -> bool:
         """Wait up to ``timeout`` s; True once the lane's thread has ended."""
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
+        return self._ended.wait(timeout) if self._thread.ident is not None else True
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        """Started and not ended yet."""
+        return self._thread.ident is not None and not self._ended.is_set()
 
     def interrupt(self) -> None:
         """End the lane now (Ctrl-C, SIGTERM, or a stop while it waits on a reset). Once: a second
@@ -149,6 +153,12 @@ class Lane:
     # ------------------------------------------------------------------ the loop (lane thread)
 
     def _run(self) -> None:
+        try:
+            self._run_once()
+        finally:
+            self._ended.set()
+
+    def _run_once(self) -> None:
         self._batcher.attach(self.worker_id)
         try:
             self._loop()

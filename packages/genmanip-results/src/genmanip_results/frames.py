@@ -404,7 +404,7 @@ def ensure_video(
     """The H.264 ``<camera>.mp4`` of an episode, made from its frame store when missing.
 
     Made under the episode's ``.video.lock`` (two viewers, or a viewer and ``gmp transcode``, make
-    it once), as ``<camera>.mp4.part`` (registered as a partial first, so ``gmp clean`` can prove
+    it once; the file goes when the lock is released), as ``<camera>.mp4.part`` (registered as a partial first, so ``gmp clean`` can prove
     a leftover gmp's) renamed into place when ffmpeg succeeded, then registered as a
     ``videos``-category file (remakeable from the store). A store replaced meanwhile (a re-run of
     the episode) discards the new video. ``camera`` becomes a file name only through
@@ -426,7 +426,8 @@ def ensure_video(
         return video
     if not store.is_file():
         raise FrameStoreError(f"{d}: camera {camera!r} has neither {video.name} nor {store.name}")
-    with FileLock(d / VIDEO_LOCK, timeout=lock_timeout):
+    # (removed as it is released: only this function locks it, always through FileLock)
+    with FileLock(d / VIDEO_LOCK, timeout=lock_timeout, remove=True):
         if video.is_file() and not video.is_symlink():
             return video  # made by whoever held the lock before us
         before = _ident(store)

@@ -18,9 +18,9 @@ Which directories are results roots is :mod:`genmanip_results.roots`. Two layout
 
       <results_root>/<benchmark>/<run_id>/run.json (+ .run.json.lock)
           .live/<worker_id>/                      live-view files (eval writes, viz reads)
-          <task_name>/episode_result.json (+ episode_result.lock)
+          <task_name>/episode_result.json (a reference client's tree: + episode_result.lock)
           <task_name>/<seed>/steps.jsonl, <camera>.jpegs and/or <camera>.mp4, result.json,
-                             INCOMPLETE, .video.lock, <camera>.mp4.part (a video being made),
+                             INCOMPLETE, .video.lock and <camera>.mp4.part (while a video is made),
                              .frames/<camera>.jpegs, .awaiting_result.<pid>.json,
                              .pending_result.<pid>.json
           <task_name>/<seed>/state_plot.png, action_plot.png, merged_with_plot.mp4, plot.log
@@ -125,7 +125,7 @@ FRAME_SPOOL_SUFFIX = ".jpegs"
 #: out of ``.frames/`` once the episode is complete. Read it with :mod:`genmanip_results.frames`.
 FRAME_STORE_SUFFIX = ".jpegs"
 #: The lock an episode's H.264 videos are made under (:func:`genmanip_results.frames.ensure_video`;
-#: hidden, empty, left in place like every lock file).
+#: hidden, empty, present only while a video is being made: ``FileLock(remove=True)``).
 VIDEO_LOCK = ".video.lock"
 #: A video being made is ``<camera>.mp4.part`` until it is renamed into place.
 VIDEO_PART_SUFFIX = ".mp4.part"

@@ -12,6 +12,7 @@ both into a read-modify-write that loses no update between concurrent processes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -183,13 +184,17 @@ def read_json(path: str | os.PathLike[str], default: Any = None) -> Any:
 
 
 class FileLock:
-    """Cross-process exclusive lock on ``path`` (created if missing, never deleted).
+    """Cross-process exclusive lock on ``path`` (created if missing).
 
     ``timeout`` seconds to wait (``None`` waits forever, ``0`` tries once); raises
     :class:`~genmanip_protocol.errors.LockTimeout`. Each instance owns its own open file, so two
     instances exclude each other even inside one process (threads included). Not reentrant.
-    The lock file is left in place on release: removing it would let a waiter lock an unlinked
-    inode while a newcomer locks a fresh file, and both would "hold" the lock.
+
+    ``remove=True`` deletes the lock file on release, while still holding it. That is safe
+    because every acquisition checks, once it holds its file's lock, that ``path`` still names
+    that file: a waiter that locked an inode someone removed meanwhile opens ``path`` again and
+    waits on the new file, so two holders can never both "hold" it. (A locker that does not go
+    through this class can be fooled: use ``remove`` only on files only this class locks.)
 
     Usage::
 
@@ -198,11 +203,13 @@ class FileLock:
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], timeout: float | None = 10.0, *, poll: float = 0.01
+        self, path: str | os.PathLike[str], timeout: float | None = 10.0, *, poll: float = 0.01,
+        remove: bool = False,
     ) -> None:
         self.path = Path(path)
         self.timeout = timeout
         self.poll = poll
+        self.remove = remove
         self._fd: int | None = None
 
     @property
@@ -221,32 +228,51 @@ class FileLock:
             raise
         return True
 
+    def _current(self, fd: int) -> bool:
+        """Does ``path`` still name the file ``fd`` has open (not removed or replaced)?"""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return False
+        own = os.fstat(fd)
+        return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
+
     def acquire(self) -> FileLock:
         """Take the lock, waiting up to ``timeout`` seconds."""
         if self._fd is not None:
             raise RuntimeError(f"FileLock({self.path}) is already held by this instance")
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
         deadline = None if self.timeout is None else time.monotonic() + max(0.0, self.timeout)
-        delay = min(self.poll, 0.0005)
-        try:
-            while not self._try(fd):
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise LockTimeout(str(self.path), float(self.timeout or 0.0))
-                # Short sleeps first (uncontended handovers are quick), then the poll interval.
-                time.sleep(delay)
-                delay = min(self.poll, delay * 2)
-        except BaseException:
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            delay = min(self.poll, 0.0005)
+            try:
+                while not self._try(fd):
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise LockTimeout(str(self.path), float(self.timeout or 0.0))
+                    # Short sleeps first (uncontended handovers are quick), then the poll interval.
+                    time.sleep(delay)
+                    delay = min(self.poll, delay * 2)
+                if self._current(fd):
+                    break
+                # The holder we waited for removed the file (remove=True): that lock is gone,
+                # the lock is now the file at path.
+                _unlock(fd)
+            except BaseException:
+                os.close(fd)
+                raise
             os.close(fd)
-            raise
         self._fd = fd
         return self
 
     def release(self) -> None:
-        """Release the lock (a no-op when not held)."""
+        """Release the lock (a no-op when not held); with ``remove``, delete the file first."""
         fd, self._fd = self._fd, None
         if fd is None:
             return
         try:
+            if self.remove and self._current(fd):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.path)
             _unlock(fd)
         finally:
             os.close(fd)

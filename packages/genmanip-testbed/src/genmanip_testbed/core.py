@@ -189,6 +189,7 @@ class EvalCore:
         self.scores: dict[_SEED_KEY, tuple[float, float]] = {}
         self._claims: dict[_SEED_KEY, Any] = {}
         self._leaked: set[_SEED_KEY] = set()
+        self._lock_idents: dict[_SEED_KEY, tuple[int, int]] = {}  # (st_dev, st_ino) of our locks
         self._requeued: deque[_SEED_KEY] = deque()
         self.workers: dict[Any, _Worker] = {}
         self._reset_pool = ThreadPoolExecutor(
@@ -368,6 +369,8 @@ class EvalCore:
                 continue
             try:
                 os.write(fd, payload)
+                st = os.fstat(fd)
+                self._lock_idents[key] = (st.st_dev, st.st_ino)
             finally:
                 os.close(fd)
             return True
@@ -378,9 +381,16 @@ class EvalCore:
             return True
         path = self._lock_path(w.claim)
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            if data.get("pid") != os.getpid() or data.get("worker_id") != str(w.wid):
-                raise ValueError("not ours")
+            # The file this process created is ours (a lock is taken over only by removing it and
+            # creating a new one): its inode says so without reading it, twice a step. Another
+            # file there (removed and re-made, or made by an earlier process) is judged by what
+            # it says.
+            st = os.stat(path)
+            if self._lock_idents.get(w.claim) != (st.st_dev, st.st_ino):
+                data = json.loads(path.read_text(encoding="utf-8"))
+                if data.get("pid") != os.getpid() or data.get("worker_id") != str(w.wid):
+                    raise ValueError("not ours")
+                self._lock_idents[w.claim] = (st.st_dev, st.st_ino)
             os.utime(path)
         except (OSError, ValueError):
             w.lock_failures += 1
@@ -390,6 +400,7 @@ class EvalCore:
 
     def _delete_lock(self, key: _SEED_KEY, wid: Any) -> None:
         path = self._lock_path(key)
+        self._lock_idents.pop(key, None)
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
             if data.get("pid") == os.getpid() and data.get("worker_id") == str(wid):
