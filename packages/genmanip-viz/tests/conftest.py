@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -46,8 +47,18 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+def _keep_live(tree: Path) -> None:
+    """The tree is made once a session; its running server episode (a lock, a live worker) is
+    live only while those are fresh (a lock: 300 s untouched, live frames: 60 s). Touch them, as
+    the running server would, so a test sees the tree as it was made, however long the tests
+    before it took."""
+    for p in [*tree.rglob("*.lock"), *(f for f in tree.rglob("*") if ".live" in f.parts and f.is_file())]:
+        os.utime(p)
+
+
 @pytest.fixture
 def server(tree: Path, viz_cache: Path) -> Iterator[VizServer]:
+    _keep_live(tree)
     with VizServer(tree, cache_dir=viz_cache, warm=False, scan_interval=0.5) as s:
         s.app.state.viz.index.wait_for_scan()  # type: ignore[attr-defined]
         yield s

@@ -147,16 +147,22 @@ def test_a_real_gmp_eval_killed_mid_run(tmp_path: Path, viz_cache: Path) -> None
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), *sys.path]))
     with serve_testbed(tasks=("testbed/reach",), num_steps=20, results_root=tmp_path / "srv") as tb, \
             VizServer(results, warm=False, cache_dir=viz_cache) as srv:  # fmt: skip
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "genmanip", "eval", "--url", tb.url, "--worker-ids", "0",
-             "--results-dir", str(results), "--policy", "slow_policy:make"],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        )  # fmt: skip
+        # (genmanip-eval's own runner, as `gmp eval` calls it: this package's tests do not
+        # install the gmp command)
+        code = ("import sys\n"
+                "from genmanip_eval import EvalConfig, run_eval\n"
+                "run_eval(EvalConfig(url=sys.argv[1], worker_ids=['0'], results_dir=sys.argv[2],\n"
+                "                    policy='slow_policy:make'))\n")
+        proc = subprocess.Popen([sys.executable, "-c", code, tb.url, str(results)],
+                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+        def live_run() -> Any:
+            # (an eval that died says why at once, not after the whole timeout)
+            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+            return next((r for r in _api(srv) if r["live"] and r["done"] >= 2), None)
+
         try:
-            live = _until(
-                "the run to be live with two finished episodes",
-                lambda: next((r for r in _api(srv) if r["live"] and r["done"] >= 2), None), 240,
-            )
+            live = _until("the run to be live with two finished episodes", live_run, 240)
             assert live["state"] == "live" and f"pid {proc.pid}" in live["state_detail"]
             assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
         finally:
