@@ -231,7 +231,9 @@ class _Driver:
         cls = ray.remote(PolicyReplica).options(
             name=f"gmp-replica|{ray.get_runtime_context().get_job_id()}|{index}", namespace=NAMESPACE,
             num_cpus=self.opts.cpus_per_replica, num_gpus=gpus, scheduling_strategy="SPREAD",
-            max_restarts=0, max_task_retries=0, max_concurrency=max(16, 2 * len(self.groups) + 4),
+            # every worker's lane calls on its own (one call in flight each; a dead replica's
+            # workers move here), plus the driver's describe/stats/close
+            max_restarts=0, max_task_retries=0, max_concurrency=max(16, workers + 8),
         )
         handle = cls.remote(index, self.cfg.policy, dict(self.cfg.policy_args),
                             default_max_batch(self.cfg, per_replica), self.cfg.max_wait_ms)
