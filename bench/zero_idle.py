@@ -11,7 +11,9 @@ Rows: lockstep (1 process, one model copy), lockstep with 8 processes (8 model c
 with a zero-cost policy, lockstep against async; and async with worker 0's
 resets taking 2 s: the other seven's steps/s against the same run without the slow worker.
 Each row runs ``--episodes`` episodes (``--max-episodes``) and reports steps / wall time of the
-whole ``run_eval`` (connect, resets and closing included).
+whole ``run_eval`` (connect, resets and closing included) and the CPU the user pays per step: this
+process (every lane, the batcher, the policy's own Python) plus its child processes (the 8
+processes of the lockstep row, the ``gmp policy serve`` process of its row); not the testbed's.
 
 Usage: ``python bench/zero_idle.py [--episodes N] [--num-steps N] [--workers N]``; prints markdown.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import sys
 import time
 import uuid
@@ -39,10 +42,21 @@ LATENCY = "48ms"
 FRAMES = ["auto"]
 
 
+def _cpu_s() -> float:
+    """CPU seconds of this process and of its children that have ended (user + system)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+#: the last ``_run``: its steps and CPU ms per step (this process and the children it waited for)
+LAST: dict[str, float] = {"steps": 0.0, "cpu_ms": 0.0}
+
+
 def _run(url: str, *, workers: int, episodes: int, runner: str, policy: str, processes: int = 1,
          args: dict[str, str] | None = None, configs: tuple[str, ...] = ("testbed/reach",),
          ) -> tuple[float, Counter[str], dict[str, list[tuple[float, int]]], dict[str, Any] | None]:
-    """(steps/s of the whole run, steps per worker, (time, steps) events per worker, batch stats)."""
+    """(steps/s of the whole run, steps per worker, (time, steps) events per worker, batch stats);
+    its steps and CPU per step are left in :data:`LAST`."""
     per_worker: Counter[str] = Counter()
     events: dict[str, list[tuple[float, int]]] = {}
     _new_job(url, configs)  # every row starts on a fresh job of the same tasks
@@ -56,9 +70,10 @@ def _run(url: str, *, workers: int, episodes: int, runner: str, policy: str, pro
     cfg = EvalConfig(url=url, worker_ids=[str(i) for i in range(workers)], processes=processes,
                      policy=policy, policy_args=dict(args or {}), record=False, runner=runner,
                      max_episodes=episodes, frames=FRAMES[0])
-    t0 = time.perf_counter()
+    c0, t0 = _cpu_s(), time.perf_counter()
     summary = run_eval(cfg, emit=emit)
     wall = time.perf_counter() - t0
+    LAST.update(steps=summary.steps, cpu_ms=(_cpu_s() - c0) * 1000 / max(1, summary.steps))
     return summary.steps / wall, per_worker, events, summary.batching
 
 
@@ -102,21 +117,26 @@ def main(argv: list[str] | None = None) -> int:
     bound = w / (0.048 + (30 + 2 * w) / 1000.0)
     conf = {"tasks": ("testbed/reach",), "num_steps": opts.num_steps, "capacity": 2 * w,
             "save_process": False, "faults": f"latency={LATENCY}"}
-    rows: list[tuple[str, float, str]] = []
+    rows: list[tuple[str, float, str, float]] = []
     with ServerProcess(**conf) as url:
         lock1, _, _, _ = _run(url, workers=w, episodes=eps, runner="lockstep", policy=gpu)
-        rows.append(("lockstep, 1 process (one model copy)", lock1, "1.00x"))
+        rows.append(("lockstep, 1 process (one model copy)", lock1, "1.00x", LAST["cpu_ms"]))
         lockn, _, _, _ = _run(url, workers=w, episodes=eps, runner="lockstep", policy=gpu, processes=w)
-        rows.append((f"lockstep, {w} processes ({w} model copies)", lockn, f"{lockn / lock1:.2f}x"))
+        rows.append((f"lockstep, {w} processes ({w} model copies)", lockn, f"{lockn / lock1:.2f}x",
+                     LAST["cpu_ms"]))
         asy, _, _, batching = _run(url, workers=w, episodes=eps, runner="async", policy=gpu)
-        rows.append(("async, 1 process (one model copy)", asy, f"{asy / lock1:.2f}x"))
+        rows.append(("async, 1 process (one model copy)", asy, f"{asy / lock1:.2f}x", LAST["cpu_ms"]))
+        # (the policy server's CPU counts once its process has ended: the whole block, per step,
+        # its start-up included, as a user pays it)
+        c0 = _cpu_s()
         with PolicyServerProcess(gpu) as ws:
             srv, _, _, _ = _run(url, workers=w, episodes=eps, runner="async", policy=ws)
-        rows.append(("async through gmp policy serve (loopback)", srv, f"{srv / lock1:.2f}x"))
+        rows.append(("async through gmp policy serve (loopback)", srv, f"{srv / lock1:.2f}x",
+                     (_cpu_s() - c0) * 1000 / max(1.0, LAST["steps"])))
         zl, _, _, _ = _run(url, workers=w, episodes=eps, runner="lockstep", policy=free)
+        rows.append(("zero-cost policy, lockstep", zl, "1.00x", LAST["cpu_ms"]))
         za, _, _, _ = _run(url, workers=w, episodes=eps, runner="async", policy=free)
-        rows.append(("zero-cost policy, lockstep", zl, "1.00x"))
-        rows.append(("zero-cost policy, async", za, f"{za / zl:.2f}x"))
+        rows.append(("zero-cost policy, async", za, f"{za / zl:.2f}x", LAST["cpu_ms"]))
         # (the slow-worker rows run the 32-episode job of every testbed task: 4 episodes a worker)
         _, _, base_win, _ = _run(url, workers=w, episodes=2 * eps, runner="async", policy=gpu,
                                  configs=("testbed",))
@@ -127,11 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{w} workers, testbed/reach, {opts.num_steps} steps/episode, latency={LATENCY}, "
           f"{eps} episodes per row ({2 * eps} of every task in the slow-worker rows), frames {opts.frames}; GPU-like policy 30 ms + 2 ms x batch; "
           f"bound {bound:.1f} steps/s\n")
-    print("| run | steps/s | vs first row | vs bound |")
-    print("|---|---:|---:|---:|")
-    for name, rate, ratio in rows:
+    print("| run | steps/s | vs first row | vs bound | CPU ms/step (client processes) |")
+    print("|---|---:|---:|---:|---:|")
+    for name, rate, ratio, cpu in rows:
         vs_bound = f"{rate / bound:.2f}" if "zero-cost" not in name else "-"
-        print(f"| {name} | {rate:.1f} | {ratio} | {vs_bound} |")
+        print(f"| {name} | {rate:.1f} | {ratio} | {vs_bound} | {cpu:.2f} |")
     print()
     # Two windows. "While all step": from the last of their first steps to the first of their last
     # ones, the steady state the target is about (the slow worker must not hold the others). "First

@@ -62,6 +62,32 @@ def test_single_step_job_nothing_dropped(smoke: Any, codec: str) -> None:
     assert c.stats["requests"]["/kill"] == 1  # killed its own ids before the first /reset
 
 
+def test_step_without_settle_returns_at_the_episode_end(smoke: Any) -> None:
+    """settle=False (the lanes): the step that ends an episode returns at once, the worker
+    reset_pending and nothing polled; poll() then brings the next episode with the result."""
+    with EvalClient(smoke.url, ["0"]) as c:
+        entries = c.reset()
+        pol = expert_policy()
+        pol.reset()
+        while True:
+            obs = entries["0"]["obs"]
+            eid = obs["episode_id"]
+            before = smoke.stats.snapshot()["requests"].get("/reset_result", 0)
+            entries, done = c.step(pol.get_action(obs), settle=False)
+            assert entries["0"]["executed_steps"] == 1
+            if entries["0"]["obs"] is None:
+                break
+            assert entries["0"]["obs"]["episode_id"] == eid
+        assert not done and entries["0"]["reset_pending"] is True
+        assert entries["0"]["episode_result"] is None
+        assert smoke.stats.snapshot()["requests"].get("/reset_result", 0) == before
+        entries = c.poll()
+        nxt = entries["0"]["obs"]
+        assert nxt["reset"] is True and nxt["episode_id"] != eid
+        assert entries["0"]["episode_result"]["episode_id"] == eid
+        assert entries["0"]["executed_steps"] == 0
+
+
 @pytest.mark.parametrize("codec", ["legacy", "msgpack"])
 def test_chunk_mode_keeps_t0_and_counts(smoke: Any, codec: str) -> None:
     with EvalClient(smoke.url, "0", codec=codec) as c:

@@ -108,11 +108,34 @@ def test_processes_spread_workers(reach: Any, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_processes_end_the_segment_once_with_the_whole_runs_totals(reach: Any, tmp_path: Path) -> None:
+    # Each process records its share; the invocation (the parent) writes the segment's outcome
+    # once, from the merged summary: not the last process's own episodes and steps.
+    cfg = EvalConfig(url=reach.url, worker_ids=["0", "1"], processes=2, results_dir=str(tmp_path))
+    summary = run_eval(cfg)
+    stats = reach.stats.snapshot()
+    assert summary.complete and len(summary.episodes) == 8
+    by_process = [sum(1 for e in summary.episodes if e["worker_id"] == w) for w in ("0", "1")]
+    assert all(0 < n < 8 for n in by_process)  # both processes ran episodes
+    (run_dir,) = summary.run_dirs
+    (seg,) = json.loads((Path(run_dir) / "run.json").read_text())["segments"]
+    assert seg["outcome"] == "complete" and seg["finished"] >= seg["started"]
+    assert seg["episodes"] == 8
+    assert seg["steps"] == summary.steps == sum(stats["steps_by_worker"].values()) > 0
+    assert seg["workers"] == ["0", "1"]
+
+
+@pytest.mark.slow
 def test_dead_worker_process_is_reported(reach: Any, tmp_path: Path) -> None:
+    # (killed in its second episode, a second on: the process has reported its run directory)
     cfg = EvalConfig(url=reach.url, worker_ids=["0", "1"], processes=2, policy="helper_policies:killer",
-                     policy_args={"at": "3"}, results_dir=str(tmp_path))
+                     policy_args={"at": "8", "wait": "1"}, results_dir=str(tmp_path / "res"))
     with pytest.raises(WorkerProcessError, match="killed by signal SIGKILL"):
         run_eval(cfg, grace_s=5)
+    # The invocation failed: its segment says so (not "running", as the dead processes left it).
+    (run_json,) = (tmp_path / "res").rglob("run.json")
+    (seg,) = json.loads(run_json.read_text())["segments"]
+    assert seg["outcome"] == "failed" and seg["episodes"] == 2 and seg["steps"] == 2 * 5 + 2 * 2
 
 
 @pytest.mark.slow

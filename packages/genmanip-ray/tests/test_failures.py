@@ -67,8 +67,17 @@ def test_an_eval_actor_killed_mid_episode_is_taken_over(tmp_path: Path) -> None:
         assert summary.complete  # type: ignore[attr-defined]
         run_dir = Path(summary.run_dirs[0])  # type: ignore[attr-defined]
         assert_exactly_once(tb, run_dir, summary, 8, killed=2)  # the killed actor's two workers
+        server_steps = tb.stats.total_steps
     assert log.count("takeover") == 1
-    actors = run_json(run_dir)["cluster"]["actors"]
+    manifest = run_json(run_dir)
+    # One segment for the three actors, ended once by the driver: each episode counted once (not
+    # again when the new actor collects what the dead one left), the steps of both generations
+    # (what the driver heard of: a step the dead actor had not reported yet is only on the server).
+    (seg,) = manifest["segments"]
+    assert seg["outcome"] == "complete"
+    assert seg["episodes"] == len(summary.episodes) == 8  # type: ignore[attr-defined]
+    assert seg["steps"] == summary.steps <= server_steps  # type: ignore[attr-defined]
+    actors = manifest["cluster"]["actors"]
     assert [(a["group"], a["generation"], a.get("state")) for a in actors if a["group"] == 1] == [
         (1, 1, "died"), (1, 2, "finished")]
 

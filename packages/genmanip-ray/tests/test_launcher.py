@@ -67,6 +67,28 @@ def test_four_workers_over_two_actors_match_the_local_launcher(tmp_path: Path) -
     assert ray_run[0].batching and ray_run[0].batching["items"] >= ray_run[0].steps
 
 
+def test_the_driver_ends_the_segment_once_with_the_whole_runs_totals(tmp_path: Path) -> None:
+    # Each actor records its own share into the one segment of the invocation; the driver ends
+    # it once with the run's outcome and totals (not the last actor's own episodes and steps).
+    with serve_testbed(tasks=TASKS, run_id="seg", results_root=tmp_path / "srv") as tb:
+        cfg = EvalConfig(url=tb.url, worker_ids=["0", "1"], policy="expert", results_dir=str(tmp_path / "res"),
+                         launcher="ray", launcher_options={"workers_per_actor": 1})
+        summary = run_eval(cfg)
+        assert tb.wait_finalizes(60)
+        stats = tb.stats.snapshot()
+    assert summary.complete and len(summary.episodes) == 8
+    by_actor = [sum(1 for e in summary.episodes if e["worker_id"] == w) for w in ("0", "1")]
+    assert all(0 < n < 8 for n in by_actor), by_actor  # both actors ran episodes
+    (run_dir,) = summary.run_dirs
+    manifest = run_json(Path(run_dir))
+    assert len(manifest["cluster"]["actors"]) == 2
+    (seg,) = manifest["segments"]
+    assert seg["outcome"] == "complete" and seg["finished"] >= seg["started"]
+    assert seg["episodes"] == len(summary.episodes) == stats["episodes_finished"] == 8
+    assert seg["steps"] == summary.steps == sum(stats["steps_by_worker"].values()) > 0
+    assert seg["workers"] == ["0", "1"]
+
+
 def test_two_replicas_share_the_groups_and_batch_across_them(tmp_path: Path) -> None:
     with serve_testbed(tasks=TASKS, run_id="two", results_root=tmp_path / "srv") as tb:
         cfg = EvalConfig(url=tb.url, worker_ids=[str(i) for i in range(4)], policy="expert",

@@ -24,7 +24,7 @@ from genmanip_results.layout import (
     MERGED_VIDEO,
     RUN_JSON,
 )
-from genmanip_results.live import ACTIVE_S, STALE_AFTER_S, process_alive
+from genmanip_results.live import ACTIVE_S, STALE_AFTER_S, owner_alive, parse_pid, process_alive
 from genmanip_results.testing import write_client_episode, write_live_worker, writer_process
 
 HOST = socket.gethostname()
@@ -86,6 +86,29 @@ def test_process_alive_on_this_host(dead_pid: int, sleeper: subprocess.Popen[byt
     assert process_alive(sleeper.pid, HOST + "-elsewhere") is None
     assert process_alive(None, HOST) is None
     assert process_alive(sleeper.pid, None) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "pid"),
+    [("4242", 4242), ("1", 1), ("0", None), ("-5", None), ("", None), ("12a", None), (" 12", None),
+     ("\u0661\u0662", None), ("1.5", None), (None, None), (12, None)],
+)
+def test_parse_pid_reads_only_a_positive_decimal(text: Any, pid: int | None) -> None:
+    assert parse_pid(text) == pid
+
+
+def test_owner_alive_takes_a_note_as_recorded(dead_pid: int, sleeper: subprocess.Popen[bytes]) -> None:
+    assert owner_alive(str(os.getpid()), HOST) is True
+    assert owner_alive(str(sleeper.pid), HOST) is True
+    assert owner_alive(str(dead_pid), HOST) is False
+    # A note of this host with no usable pid has no owner left ...
+    for bad in ("", "x", "0", "-1", None):
+        assert owner_alive(bad, HOST) is False, bad
+    # ... while another host's (or an unknown host's) is never raced: alive, whatever its pid.
+    for host in (HOST + "-elsewhere", None, 7, ["h"]):
+        assert owner_alive(str(dead_pid), host) is True, host
+        assert owner_alive("x", host) is True, host
+    assert owner_alive(str(dead_pid), "gpu1", this_host="gpu1") is False
 
 
 def test_a_killed_unreaped_process_is_not_alive(tmp_path: Path) -> None:

@@ -287,3 +287,59 @@ def test_keymap_that_does_not_fit_the_observation_or_the_reply(openpi: OpenpiSer
             inf.actions([_item("0")])
     finally:
         inf.close()
+
+
+# ------------------------------------------------------------------ a hostile server_timing
+
+
+class TimingServer:
+    """A gmp-looking server (``max_batch`` 8) whose replies carry the ``server_timing`` values
+    queued in ``timings``, one per request, in order."""
+
+    def __init__(self, timings: list[Any]) -> None:
+        self.timings = list(timings)
+        self.server = serve(self._handle, "127.0.0.1", 0, compression=None, max_size=None)
+        self.url = f"ws://127.0.0.1:{self.server.socket.getsockname()[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def _handle(self, ws: ServerConnection) -> None:
+        ws.send(encode_message({"server": "genmanip-serve", "max_batch": 8}))
+        for msg in ws:
+            decode_message(msg)
+            action = get_robot(ROBOT).neutral_action()
+            ws.send(encode_message({"gmp/actions": [action], "server_timing": self.timings.pop(0)}))
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.thread.join(timeout=10)
+
+
+_HOSTILE_TIMINGS = [
+    {"batch_size": True}, {"batch_size": "4"}, {"batch_size": -3}, {"batch_size": 0},
+    {"batch_size": 2**63}, {"batch_size": 9}, {"batch_size": {"n": 4}}, {"batch_size": [4]},
+    {"batch_size": 4.0}, {"batch_size": None}, {}, "batch_size=4", [4],
+]
+
+
+def test_hostile_server_timing_batch_size_says_nothing() -> None:
+    # Valid values interleaved: a hostile one must replace the earlier size, not keep it.
+    timings: list[Any] = []
+    for t in _HOSTILE_TIMINGS:
+        timings += [{"batch_size": 3}, t]
+    timings += [{"batch_size": 8}]
+    srv = TimingServer(timings)
+    inf = Inference.create(srv.url)
+    try:
+        assert inf.batch_size_of("0") is None  # before any reply
+        for i, t in enumerate(_HOSTILE_TIMINGS):
+            inf.actions([_item("0", 2 * i, cameras=False)])
+            assert inf.batch_size_of("0") == 3
+            inf.actions([_item("0", 2 * i + 1, cameras=False)])
+            assert inf.batch_size_of("0") is None, t
+        inf.actions([_item("0", 99, cameras=False)])
+        assert inf.batch_size_of("0") == 8  # the server's own max_batch is believed
+        assert inf.batch_size_of("1") is None  # a worker that sent nothing
+    finally:
+        inf.close()
+        srv.close()

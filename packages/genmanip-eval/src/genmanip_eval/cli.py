@@ -319,13 +319,15 @@ class PolicyChanged(GenmanipEvalError):
     exit_code = ExitCode.REFUSED
 
 
-def _check_same_policy(cfg: EvalConfig, run_id: str) -> Any:
-    """The recorded run ``run_id`` (None: none here), refusing another policy spec or arguments
-    than it was recorded with unless ``cfg.allow_policy_change``."""
+def _check_same_policy(cfg: EvalConfig, run_id: str, benchmark_id: str | None = None) -> Any:
+    """The recorded run ``run_id`` of ``benchmark_id`` (the job's, when the server says; None:
+    none here), refusing another policy spec or arguments than it was recorded with unless
+    ``cfg.allow_policy_change``."""
     from genmanip_results.compare import RunNotFound, resolve_run
 
     try:
-        run = resolve_run(run_id, cfg.results_dir)
+        # (the job's benchmark: the same run id under another benchmark is another run)
+        run = resolve_run(run_id, cfg.results_dir, benchmark_id=benchmark_id)
     except RunNotFound:
         return None
     recorded = (run.manifest or {}).get("policy")
@@ -467,7 +469,8 @@ def evaluate(cfg: EvalConfig, console: Console, *, label: str = "eval",
     console.info(_start_line(cfg, job, label))
     st = job.status
     rid_now = cfg.run_id or (st.run_id if st is not None else None)
-    earlier = _check_same_policy(cfg, str(rid_now)) if rid_now and cfg.record else None
+    earlier = (_check_same_policy(cfg, str(rid_now), st.benchmark_id if st is not None else None)
+               if rid_now and cfg.record else None)
     if st is not None and (st.complete or (st.total_episodes > 0 and st.completed_episodes >= st.total_episodes)):
         rid = safe_text(str(st.run_id), limit=80)
         where = f"{cfg.url} has finished its job: run {rid} (benchmark {safe_text(str(st.benchmark_id), limit=40)}, " \

@@ -563,6 +563,7 @@ class EvalClient:
         actions: Any,
         *,
         meta: Mapping[str, Mapping[str, Any]] | None = None,
+        settle: bool = True,
     ) -> tuple[dict[str, dict[str, Any]], bool]:
         """Apply actions and return ``(entries, done)``.
 
@@ -579,7 +580,10 @@ class EvalClient:
         ``episode_result`` alongside) is fetched before returning — unless other workers of this
         client can act meanwhile: then the worker is returned ``reset_pending`` (``obs`` None)
         and resolved by a later call. ``step`` always returns with at least one worker able to
-        act, or all finished.
+        act, or all finished — unless ``settle`` is False: then it returns as soon as the
+        request is answered, a worker whose episode ended comes back ``reset_pending`` and
+        :meth:`poll` resolves it (the asynchronous runner's lanes: they report the executed
+        steps when the server executed them, not once the next episode is ready).
 
         ``meta`` (used by the runner) gives per worker ``"obs_timesteps"`` and ``"chunk"`` lists
         (one per action, for recording client-side chunk replay) and ``"policy_ms"``.
@@ -632,7 +636,8 @@ class EvalClient:
                 self._clear_in_flight()
                 raise
             self._clear_in_flight()
-        self._settle(block=not self._any_actionable())
+        if settle:
+            self._settle(block=not self._any_actionable())
         return self.entries(), self.done
 
     def _check_action(self, wid: str, action: Mapping[str, Any], index: int) -> dict[str, Any]:

@@ -185,23 +185,29 @@ class Lane:
                 entries = client.poll()
                 continue
             action, meta = self._act(obs)
+            # (stepping: a stop lets this request and the poll for the episode it may have ended
+            # finish; the finished episode's result comes with that poll)
             self.stepping = True
             try:
-                entries, _ = client.step({wid: action}, meta={wid: meta})
+                # settle=False: the steps are reported as soon as the server executed them, and
+                # the next episode is polled for after that: its reset is no stepping time
+                entries, _ = client.step({wid: action}, meta={wid: meta}, settle=False)
+                executed = entries[wid]["executed_steps"]
+                self.steps += executed
+                t = client.timing(wid)
+                self._emit("steps", {
+                    "worker_id": wid,
+                    "n": executed,
+                    "network_ms": t.network_ms if t.network_ms is not None else t.total_ms,
+                    "server_ms": t.server_ms,
+                    "policy_ms": meta.get("policy_ms"),
+                    "queue_ms": meta.get("queue_ms"),
+                    "batch_size": meta.get("batch_size"),
+                })
+                if entries[wid]["obs"] is None and not client.done:
+                    entries = client.poll()
             finally:
                 self.stepping = False
-            executed = entries[wid]["executed_steps"]
-            self.steps += executed
-            t = client.timing(wid)
-            self._emit("steps", {
-                "worker_id": wid,
-                "n": executed,
-                "network_ms": t.network_ms if t.network_ms is not None else t.total_ms,
-                "server_ms": t.server_ms,
-                "policy_ms": meta.get("policy_ms"),
-                "queue_ms": meta.get("queue_ms"),
-                "batch_size": meta.get("batch_size"),
-            })
 
     def _ask(self, obs: Any) -> BatchOutcome[Any]:
         item = BatchItem(self.worker_id, _str_or_none(obs.get("episode_id")), obs,

@@ -74,9 +74,10 @@ from genmanip_results.layout import (
     VIDEO_PART_SUFFIX,
     VIDEO_SUFFIX,
     awaiting_note_name,
+    note_pid,
     pending_note_name,
 )
-from genmanip_results.live import process_alive, write_live_view
+from genmanip_results.live import owner_alive, parse_pid, write_live_view
 from genmanip_results.paths import UnsafePathError, create_exclusive, is_within, safe_file
 from genmanip_results.roots import resolve_results_root
 from genmanip_results.stats import wilson_interval
@@ -91,6 +92,7 @@ __all__ = [
     "TRANSCODE_MODES",
     "Recorder",
     "camera_name",
+    "finish_segment",
     "iter_frame_file",
     "resolve_results_root",
 ]
@@ -209,15 +211,6 @@ class _Episode:
             robot_id=note.get("robot_id"), instruction=note.get("instruction"),
             started=str(note["started"]), steps=int(note["steps"]),
         )
-
-
-def _owner_alive(pid: int | None, host: Any) -> bool:
-    """Is the recorder that owns a pending result still running (or on another host: unknown)?
-    (A note of this host without a pid has no owner left.)"""
-    if host == socket.gethostname() and (pid is None or pid <= 0):
-        return False
-    # unknown (another machine): alive: never race another host's recorder on a shared filesystem
-    return process_alive(pid, host if isinstance(host, str) else None) is not False
 
 
 def _state_of(obs: Any) -> dict[str, Any] | None:
@@ -717,17 +710,7 @@ class Recorder:
             for k, v in manifest.items():
                 cur[k] = v
             if isinstance(segment, dict):
-                # One entry per invocation (its processes share the id): a resumed run keeps
-                # the story of every invocation, with its policy, versions and time range.
-                segs = [x for x in cur.get("segments") or [] if isinstance(x, dict)]
-                mine = next((x for x in segs if x.get("id") == segment.get("id")), None)
-                if mine is None:
-                    segs.append(dict(segment))
-                else:
-                    seg_workers = set(mine.get("workers") or []) | set(segment.get("workers") or [])
-                    mine.update(segment)
-                    mine["workers"] = sorted(seg_workers)
-                cur["segments"] = segs
+                _merge_segment(cur, segment, add=True)
             if run_dir in self._run_ids:
                 cur["benchmark"], cur["run_id"] = self._run_ids[run_dir]
             if started and manifest.get("started"):
@@ -891,13 +874,11 @@ class Recorder:
         for marker in sorted(run_dir.rglob(AWAITING_NOTE_GLOB)):
             try:
                 info = json.loads(marker.read_text())
-                pid = marker.name.split(".")[2]
+                pid = note_pid(marker.name)
                 if str(info["episode"]["worker_id"]) not in self._orphan_workers:
                     continue
-                if not info.get("parked") and (
-                    (pid.isdigit() and int(pid) == os.getpid())
-                    or _owner_alive(int(pid) if pid.isdigit() else None, info.get("host"))
-                ):
+                # (this process's own notes count as alive: owner_alive says so for its pid)
+                if not info.get("parked") and owner_alive(pid, info.get("host")):
                     continue
                 eid = str(info["episode"]["episode_id"])
             except (OSError, ValueError, KeyError, TypeError):
@@ -977,15 +958,15 @@ class Recorder:
         for marker in sorted(directory.glob(AWAITING_NOTE_GLOB)):
             try:
                 info = json.loads(marker.read_text())
-                pid = marker.name.split(".")[2]
+                pid = note_pid(marker.name)
                 e = info["episode"]
                 if str(e["episode_id"]) != result.episode_id:
                     raise ValueError(f"it is for {e['episode_id']}")
                 if info.get("parked"):
                     pass  # released by a recorder that closed
-                elif pid.isdigit() and int(pid) == os.getpid():
+                elif parse_pid(pid) == os.getpid():
                     raise ValueError("it belongs to this process")
-                elif _owner_alive(int(pid) if pid.isdigit() else None, info.get("host")):
+                elif owner_alive(pid, info.get("host")):
                     raise ValueError("the recorder that wrote it is still running")
                 ep = _Episode.from_note(e, directory, run_dir)
                 cams = [str(c) for c in info["cameras"]]
@@ -1131,9 +1112,8 @@ class Recorder:
             for marker in run_dir.rglob(AWAITING_NOTE_GLOB):
                 try:
                     info = json.loads(marker.read_text())
-                    pid = marker.name.split(".")[2]
-                    if not info.get("parked") and _owner_alive(int(pid) if pid.isdigit() else None,
-                                                                info.get("host")):
+                    pid = note_pid(marker.name)
+                    if not info.get("parked") and owner_alive(pid, info.get("host")):
                         continue
                     out.add(str(info["episode"]["worker_id"]))
                 except (OSError, ValueError, KeyError, TypeError):
@@ -1165,8 +1145,8 @@ class Recorder:
             try:
                 self._safe_dir(d)
                 info = json.loads(pending.read_text())
-                pid = pending.name.split(".")[2]
-                if _owner_alive(int(pid) if pid.isdigit() else None, info.get("host")):
+                pid = note_pid(pending.name)
+                if owner_alive(pid, info.get("host")):
                     continue
                 try:
                     # Claim it: of several recorders resuming this run, exactly one wins.
@@ -1324,6 +1304,52 @@ def _signalled_status(exc: BaseException) -> int | None:
     if isinstance(exc, FfmpegError) and exc.returncode in _FFMPEG_SIGNALLED:
         return exc.returncode
     return None
+
+
+def _merge_segment(cur: dict[str, Any], segment: Mapping[str, Any], *, add: bool) -> None:
+    """Merge ``segment`` into the entry of ``run.json`` ``cur`` with its id: one entry per
+    invocation (its processes share the id), so a resumed run keeps the story of every
+    invocation, with its policy, versions and time range. Without ``add``, a segment the run
+    does not have yet is not added."""
+    segs = [x for x in cur.get("segments") or [] if isinstance(x, dict)]
+    mine = next((x for x in segs if x.get("id") == segment.get("id")), None)
+    if mine is None:
+        if not add:
+            return
+        segs.append(dict(segment))
+    else:
+        seg_workers = set(mine.get("workers") or []) | set(segment.get("workers") or [])
+        # The invocation started when its first process did: an eval actor that replaces a dead
+        # one (--launcher ray) joins the segment later. (ISO times in UTC: compared as text.)
+        starts = [x for x in (mine.get("started"), segment.get("started")) if isinstance(x, str)]
+        mine.update(segment)
+        mine["workers"] = sorted(seg_workers)
+        if starts:
+            mine["started"] = min(starts)
+    cur["segments"] = segs
+
+
+def finish_segment(run_dir: str | os.PathLike[str], segment_id: str, **fields: Any) -> None:
+    """Merge ``fields`` (``finished``, ``outcome``, ``episodes``, ``steps``) into segment
+    ``segment_id`` of ``run_dir``'s ``run.json``, under the run's lock; a run without that
+    segment is left alone.
+
+    For the invocation that ran its workers in several processes (``gmp eval --processes``):
+    each process recorded the segment as running, and the invocation ends it once, with the
+    whole run's outcome and totals (a process's own are only its share).
+
+    Raises:
+        RecordingError: ``run.json`` cannot be updated (disk full, read-only).
+    """
+    d = Path(run_dir)
+    if not (d / RUN_JSON).is_file():
+        return  # (merge_json would make one: a run directory is the recorder's to make)
+    try:
+        merge_json(d / RUN_JSON, lambda cur: _merge_segment(cur, {**fields, "id": segment_id}, add=False),
+                   _run_lock(d))
+    except OSError as exc:  # a typed error, not a crash (as Recorder.update_manifest)
+        raise RecordingError(f"cannot update {d / RUN_JSON}: {exc}",
+                             hint="check free disk space (or run with --no-record)") from exc
 
 
 def _run_lock(run_dir: Path) -> Path:

@@ -36,7 +36,7 @@ from .errors import PolicyError, WorkerProcessError
 from .hooks import load_episode_hook
 from .inference import BatchItem, Inference
 from .lanes import Lane, LaneSettings, SerializedListener, wait_lanes
-from .recording import Recorder, resolve_results_root
+from .recording import Recorder, finish_segment, resolve_results_root
 
 __all__ = [
     "LAUNCHER_GROUP",
@@ -44,6 +44,7 @@ __all__ = [
     "SECRET_FLAGS",
     "EvalConfig",
     "RunSummary",
+    "end_segment",
     "finish_recordings",
     "load_launcher",
     "package_versions",
@@ -51,6 +52,7 @@ __all__ = [
     "run_eval",
     "run_workers",
     "safe_argv",
+    "with_segment_id",
 ]
 
 log = logging.getLogger("genmanip_eval.runner")
@@ -235,6 +237,32 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
+def _segment_id(started: str) -> str:
+    """A ``run.json`` segment id, ``<host>:<pid>:<ISO start time>``: this process on this host
+    (``genmanip_results.discovery`` reads the pid back to tell whether the invocation is alive)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{started}"
+
+
+def with_segment_id(cfg: EvalConfig) -> EvalConfig:
+    """``cfg`` with its invocation's ``segment_id``: ``cfg`` itself when it has one, else a copy
+    with one naming this process and now.
+
+    A launcher that runs the workers in several processes or actors calls it once, before it
+    starts them: they then share one ``run.json`` segment (each would make its own otherwise),
+    which the launcher ends with :func:`end_segment`.
+    """
+    if cfg.segment_id is not None:
+        return cfg
+    return dataclasses.replace(cfg, segment_id=_segment_id(_now()))
+
+
+def _outcome(*, complete: bool, ok: bool, interrupted: bool) -> str:
+    """A ``run.json`` segment's ``outcome`` once its invocation has ended: ``complete`` (the job
+    has nothing left), ``stopped`` (ended early without an error: a stop, --max-episodes),
+    ``interrupted`` (Ctrl-C, SIGTERM) or ``failed``."""
+    return "complete" if complete else "stopped" if ok else "interrupted" if interrupted else "failed"
+
+
 def _client_kwargs(cfg: EvalConfig, frames: str) -> dict[str, Any]:
     """The :class:`EvalClient` arguments of ``cfg`` (every client of a run is made with these)."""
     return {
@@ -304,11 +332,17 @@ def run_workers(
     emit: Emit | None = None,
     stop: Any = None,
     inference: Inference | None = None,
+    segment_outcome: bool = True,
 ) -> RunSummary:
     """Evaluate ``cfg.policy`` on ``worker_ids`` (default ``cfg.worker_ids``) in this process.
 
     ``inference``: an already loaded policy to use instead of loading ``cfg.policy`` (a launcher
     that routes to remote replicas passes its own); it is not closed here.
+
+    ``segment_outcome``: False when this is one process of an invocation that runs several
+    (``--processes``, the eval actors of ``--launcher ray``): its ``run.json`` segment stays
+    ``running``, and the invocation writes the outcome, episodes and steps once, for all of them
+    (:func:`end_segment`; a process's own are only its share).
 
     ``cfg.runner`` picks the loop: ``"async"`` (default: one lane per worker on its own
     connection, the policy called once per batch of ready observations, see
@@ -328,7 +362,8 @@ def run_workers(
         inference = Inference.create(cfg.policy, cfg.policy_args)
     try:
         mode = plan_mode(cfg, inference)
-        session = _Session(cfg, wids, mode, say, prefers_jpeg=inference.prefers_jpeg)
+        session = _Session(cfg, wids, mode, say, prefers_jpeg=inference.prefers_jpeg,
+                           segment_outcome=segment_outcome)
         try:
             if cfg.runner == "lockstep":
                 _run_lockstep(session, inference, stop)
@@ -347,8 +382,10 @@ class _Session:
     """What both loops share: the recorder, the plot hook, the event handler and the summary."""
 
     def __init__(self, cfg: EvalConfig, wids: list[str], mode: str, say: Emit, *,
-                 prefers_jpeg: bool = False) -> None:
+                 prefers_jpeg: bool = False, segment_outcome: bool = True) -> None:
         self.cfg = cfg
+        #: False in one process of several: the invocation ends the segment (see run_workers).
+        self.segment_outcome = segment_outcome
         self.wids = wids
         self.mode = mode
         self._say = say
@@ -376,7 +413,7 @@ class _Session:
             manifest["mode"] = mode
             manifest["runner"] = cfg.runner
             manifest["segment"] = {
-                "id": cfg.segment_id or f"{socket.gethostname()}:{os.getpid()}:{manifest['started']}",
+                "id": cfg.segment_id or _segment_id(manifest["started"]),
                 "started": manifest["started"], "finished": None, "outcome": "running",
                 "policy": {"spec": cfg.policy, "args": dict(cfg.policy_args)},
                 "versions": manifest.get("versions"), "host": socket.gethostname(),
@@ -481,9 +518,8 @@ class _Session:
                         if self.batching is not None:
                             extra["batching"] = self.batching
                         seg = recorder.manifest.get("segment")
-                        if isinstance(seg, dict):
-                            outcome = ("complete" if summary.complete else "stopped" if self.ok
-                                       else "interrupted" if interrupted else "failed")
+                        if isinstance(seg, dict) and self.segment_outcome:
+                            outcome = _outcome(complete=summary.complete, ok=self.ok, interrupted=interrupted)
                             extra["segment"] = {**seg, "finished": _now(), "outcome": outcome,
                                                 "episodes": len(summary.episodes), "steps": summary.steps}
                         recorder.update_manifest(finished=_now(), codec=self.codec, frames=self.frames, **extra)
@@ -724,7 +760,8 @@ def _child_main(cfg: EvalConfig, wids: list[str], events: Any, stop: Any, index:
         events.put((index, kind, payload))
 
     try:
-        summary = run_workers(cfg, wids, emit=emit, stop=stop)
+        # (the parent ends the run.json segment once, for every process: this one has its share)
+        summary = run_workers(cfg, wids, emit=emit, stop=stop, segment_outcome=False)
     except GenmanipError as exc:
         events.put((index, "error", {"message": str(exc), "hint": exc.hint, "exit_code": int(exc.exit_code)}))
         return
@@ -754,6 +791,54 @@ def split_workers(worker_ids: list[str], processes: int) -> list[list[str]]:
     for i, w in enumerate(worker_ids):
         groups[i % n].append(w)
     return groups
+
+
+def _merge_summaries(reports: Sequence[dict[str, Any]], *, complete: bool) -> RunSummary:
+    """One :class:`RunSummary` of the processes' (``asdict``) summaries, in process order;
+    ``complete`` (every process sent one) and each one complete."""
+    summary = RunSummary(codec=None)
+    for r in reports:
+        summary.episodes.extend(r["episodes"])
+        summary.steps += r["steps"]
+        summary.lock_lost += r["lock_lost"]
+        summary.recoveries += r.get("recoveries", 0)
+        summary.restarts += r.get("restarts", 0)
+        summary.codec = summary.codec or r["codec"]
+        if r.get("batching"):
+            summary.batching = merge_batch_stats(summary.batching, r["batching"])
+        for d in r["run_dirs"]:
+            if d not in summary.run_dirs:
+                summary.run_dirs.append(d)
+    summary.complete = complete and all(r["complete"] for r in reports)
+    return summary
+
+
+def end_segment(cfg: EvalConfig, run_dirs: Sequence[str], *, ok: bool, complete: bool, interrupted: bool,
+                episodes: int, steps: int) -> None:
+    """End the invocation's ``run.json`` segment (``cfg.segment_id``) in every run directory its
+    workers wrote: the one write of its outcome and totals when the workers ran in several
+    processes or actors (each ran :func:`run_workers` with ``segment_outcome=False``). Call it
+    once they have all ended: a worker's later write would set the segment back to running.
+
+    ``ok``: the run ended without an error; ``complete``: the job has nothing left; ``interrupted``:
+    Ctrl-C or SIGTERM. The outcome is ``complete`` (ok and complete), ``stopped`` (ok),
+    ``interrupted`` or ``failed``. ``episodes``, ``steps``: the whole run's totals. Nothing is
+    written without ``cfg.record`` or ``cfg.segment_id``.
+
+    Raises:
+        RecordingError: ``run.json`` cannot be updated, when ``ok`` (after a failure it is logged:
+            the first error is what the user needs).
+    """
+    if not cfg.record or cfg.segment_id is None:
+        return
+    outcome = _outcome(complete=ok and complete, ok=ok, interrupted=interrupted)
+    for d in run_dirs:
+        try:
+            finish_segment(d, cfg.segment_id, finished=_now(), outcome=outcome, episodes=episodes, steps=steps)
+        except GenmanipError as exc:
+            if ok:
+                raise
+            log.error("recording also failed while stopping: %s", exc, exc_info=log.isEnabledFor(logging.DEBUG))
 
 
 def _exit_reason(code: int | None) -> str:
@@ -858,9 +943,8 @@ def _record_comparison(run_dir: Path, comparison: dict[str, Any]) -> None:
 
 
 def _run_eval(cfg: EvalConfig, say: Emit, stop: Any, grace_s: float) -> RunSummary:
-    if cfg.segment_id is None:
-        # (one id for every process and actor of this invocation: one entry in run.json)
-        cfg = dataclasses.replace(cfg, segment_id=f"{socket.gethostname()}:{os.getpid()}:{_now()}")
+    # (one id for every process and actor of this invocation: one entry in run.json)
+    cfg = with_segment_id(cfg)
     if cfg.launcher != "local":
         return load_launcher(cfg.launcher)(cfg, emit=say, stop=stop)
     groups = split_workers(cfg.worker_ids, cfg.processes)
@@ -877,8 +961,13 @@ def _run_eval(cfg: EvalConfig, say: Emit, stop: Any, grace_s: float) -> RunSumma
     fail_code = ExitCode.FAILURE
     reported: set[int] = set()
     dead_since: dict[int, float] = {}
+    # The whole run as the processes' events tell it (their summaries' totals, also of a process
+    # that died or failed before sending its summary): what ends the run.json segment.
     n_episodes = 0
+    n_steps = 0
+    run_dirs: list[str] = []
     interrupted = False
+    ended = False  # the loop ended without an exception (here)
     t0 = time.perf_counter()
     try:
         # Started inside the try: a Ctrl-C while children start must still stop the ones already
@@ -925,7 +1014,12 @@ def _run_eval(cfg: EvalConfig, say: Emit, stop: Any, grace_s: float) -> RunSumma
                     n_episodes += 1
                     if cfg.max_episodes is not None and n_episodes >= cfg.max_episodes:
                         child_stop.set()
+                elif kind == "steps":
+                    n_steps += int(payload["n"])
+                elif kind == "run_dir" and payload["path"] not in run_dirs:
+                    run_dirs.append(payload["path"])
                 say(kind, payload)
+        ended = True
     except KeyboardInterrupt:
         interrupted = True
         raise
@@ -946,21 +1040,13 @@ def _run_eval(cfg: EvalConfig, say: Emit, stop: Any, grace_s: float) -> RunSumma
                 p.join(5)
         events.close()
         events.join_thread()
-    summary = RunSummary(codec=None)
-    for i in sorted(results):
-        r = results[i]
-        summary.episodes.extend(r["episodes"])
-        summary.steps += r["steps"]
-        summary.lock_lost += r["lock_lost"]
-        summary.recoveries += r.get("recoveries", 0)
-        summary.restarts += r.get("restarts", 0)
-        summary.codec = summary.codec or r["codec"]
-        if r.get("batching"):
-            summary.batching = merge_batch_stats(summary.batching, r["batching"])
-        for d in r["run_dirs"]:
-            if d not in summary.run_dirs:
-                summary.run_dirs.append(d)
-    summary.complete = len(results) == len(procs) and all(r["complete"] for r in results.values())
+        # Every process has exited. None of them ended the segment (each had only its share of
+        # the run): it is ended here, once.
+        summary = _merge_summaries([results[i] for i in sorted(results)], complete=len(results) == len(procs))
+        ok = ended and not failures
+        run_dirs += [d for d in summary.run_dirs if d not in run_dirs]
+        end_segment(cfg, run_dirs, ok=ok, complete=summary.complete, interrupted=interrupted,
+                    episodes=n_episodes, steps=n_steps)
     summary.elapsed_s = time.perf_counter() - t0
     if cfg.record:  # the processes have closed their recorders: their recordings are complete
         summary.recorded_s = summary.elapsed_s

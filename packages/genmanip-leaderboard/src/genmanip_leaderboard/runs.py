@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from genmanip_results.compare import RunNotFound
+from genmanip_results.compare import AmbiguousRun, RunNotFound
 from genmanip_results.compare import resolve_run as resolve_results_run
-from genmanip_results.discovery import RunInfo, find_runs, is_run_dir, run_policy
+from genmanip_results.discovery import RunInfo, find_runs, run_policy
 from genmanip_results.roots import search_roots as default_roots
 
 from .errors import AmbiguousRunError, RunNotFoundError
@@ -152,22 +152,21 @@ def resolve_run(
 
     Found by the readers' one rule, :func:`genmanip_results.compare.resolve_run` (``root`` as
     ``--root`` gave it, searched by :func:`genmanip_results.roots.search_roots`; a run id may be
-    spelt ``<benchmark>/<run_id>``); ``benchmark_id`` narrows a run id to that benchmark. When it
-    finds no single run, the failure is said in the leaderboard's terms by :func:`select_run`
-    (:class:`RunNotFoundError` listing the runs there are, :class:`AmbiguousRunError` naming every
-    candidate and ``--benchmark-id``), or :class:`RunNotFoundError` for a path that is not a run
-    directory or a root that does not exist.
+    spelt ``<benchmark>/<run_id>``); ``benchmark_id`` (``--benchmark-id``) narrows a run id to
+    that benchmark. Its failures are said in the leaderboard's terms: :class:`AmbiguousRunError`
+    naming every candidate (its ``<benchmark>/<run_id>`` and directory) and what to type;
+    :class:`RunNotFoundError` listing the runs there are (:func:`select_run`), or for a path that
+    is not a run directory or a root that does not exist.
     """
-    narrowed = benchmark_id is not None and not is_run_dir(Path(spec))
-    failure: RunNotFound | None = None
     try:
-        run = resolve_results_run(f"{benchmark_id}/{spec}" if narrowed else spec, root)
+        return resolve_results_run(spec, root, benchmark_id=benchmark_id)
+    except AmbiguousRun as exc:
+        hint = exc.hint if benchmark_id is not None else f"{exc.hint}; or pick one with --benchmark-id BENCHMARK"
+        raise AmbiguousRunError(
+            spec, [f"{k}: {p}" for k, p in zip(exc.candidates, exc.paths, strict=True)], hint=hint
+        ) from None
     except RunNotFound as exc:
         failure = exc
-    else:
-        # (``B/x`` may also be the nested run id ``B/x`` of another benchmark: not the one asked for)
-        if not narrowed or run.benchmark == benchmark_id:
-            return run
     p = Path(spec)
     if p.is_absolute() or (os.sep in spec and p.exists()):
         raise RunNotFoundError(f"{spec!r} is not a run directory") from failure

@@ -378,8 +378,10 @@ class EvalGroup:
         inference = Inference.wrap(self.remote, name=self.cfg.policy)
         try:
             self.remote.replica()  # routed now: the router's table names every group
+            # (the driver ends the run.json segment once, for every actor and generation: this
+            # group's summary is only its share)
             summary = run_workers(self.cfg, self.worker_ids, emit=self._emit, stop=self._stop,
-                                  inference=inference)
+                                  inference=inference, segment_outcome=False)
         except KeyboardInterrupt:
             return {"error": {"type": "KeyboardInterrupt", "message": "interrupted", "hint": None,
                               "exit_code": 130}, "reroutes": self.remote.reroutes}

@@ -34,7 +34,7 @@ from typing import Any
 
 from genmanip_eval.batcher import merge_batch_stats
 from genmanip_eval.errors import PolicyError, WorkerProcessError
-from genmanip_eval.runner import EvalConfig, RunSummary
+from genmanip_eval.runner import EvalConfig, RunSummary, end_segment, with_segment_id
 from genmanip_protocol.errors import ExitCode
 from genmanip_results.layout import RUN_JSON, RUN_JSON_LOCK
 from genmanip_results.roots import resolve_results_root
@@ -177,6 +177,9 @@ class _Group:
 
 class _Driver:
     def __init__(self, cfg: EvalConfig, opts: RayOptions, say: Emit, stop: Any) -> None:
+        # Every actor (and every replacement) records into the invocation's one segment, which
+        # the driver ends (run_eval has set the id; launch() may be called without it).
+        cfg = with_segment_id(cfg)
         if cfg.record:
             # One results root for every actor: absolute (a worker's directory is not ours).
             cfg = replace(cfg, results_dir=str(resolve_results_root(cfg.results_dir)))
@@ -307,6 +310,7 @@ class _Driver:
         ).remote()
         pending: dict[Any, tuple[str, int, int]] = {}
         self.pending = pending
+        ended = interrupted = False
         try:
             for i in range(self.opts.policy_replicas):
                 self._start_replica(i)
@@ -317,11 +321,13 @@ class _Driver:
                 pending[g.actor.next_events.remote()] = ("events", g.index, g.generation)
             self._record_cluster()
             self._loop(pending)
-        except BaseException:
+            ended = True
+        except BaseException as exc:
+            interrupted = isinstance(exc, KeyboardInterrupt)
             self._stop_all(grace_s=5.0)
             raise
         finally:
-            self._finish(t0)
+            self._finish(t0, ended=ended, interrupted=interrupted)
         if self.failures:
             err = WorkerProcessError("; ".join(self.failures), hint="; ".join(self.hints) or None)
             err.summary = self.summary  # type: ignore[attr-defined]
@@ -501,9 +507,13 @@ class _Driver:
         import ray
 
         self._ask_stop()
-        refs = [r for r, v in getattr(self, "pending", {}).items() if v[0] == "run"]
+        refs = self._running()
         if refs:
             ray.wait(refs, num_returns=len(refs), timeout=grace_s)
+
+    def _running(self) -> list[Any]:
+        """The ``run`` calls of the eval actors that have not returned (nor died) yet."""
+        return [r for r, v in self.pending.items() if v[0] == "run"]
 
     # ------------------------------------------------------------------ the end
 
@@ -553,7 +563,11 @@ class _Driver:
             except Exception as exc:  # the run goes on; the recorder reports real disk failures
                 log.warning("cannot record the cluster in %s: %s", Path(d) / RUN_JSON, exc)
 
-    def _finish(self, t0: float) -> None:
+    def _finish(self, t0: float, *, ended: bool, interrupted: bool) -> None:
+        """The run's summary and its last ``run.json`` writes; every actor killed.
+
+        ``ended``: the run loop ended without an exception; ``interrupted``: by Ctrl-C or SIGTERM.
+        """
         import ray
 
         s = self.summary
@@ -588,6 +602,24 @@ class _Driver:
         finally:
             for h in [g.actor for g in self.groups] + list(self.replicas.values()) + [self.router]:
                 _kill(h)
+            self._end_segment(ended=ended, interrupted=interrupted)
+
+    def _end_segment(self, *, ended: bool, interrupted: bool) -> None:
+        """End the invocation's ``run.json`` segment once, for every actor: each ran with
+        ``segment_outcome=False`` (its own figures are only its group's, and a replaced actor's
+        only what its generation did). The totals are the run summary's: its episodes, each once
+        (keyed by episode id: one a replacement reports again is not counted twice), and the
+        steps every generation of every actor reported."""
+        import ray
+
+        refs = self._running()
+        if refs:
+            # Actors still running when the run stopped were just killed: let them be gone first,
+            # or a recorder's last merge of run.json could set the segment back to running.
+            ray.wait(refs, num_returns=len(refs), timeout=10.0)
+        s = self.summary
+        end_segment(self.cfg, self.run_dirs, ok=ended and not self.failures, complete=s.complete,
+                    interrupted=interrupted, episodes=len(self.episodes), steps=s.steps)
 
     def _record_cluster_final(self, replica_stats: list[dict[str, Any]]) -> None:
         if not self.run_dirs:

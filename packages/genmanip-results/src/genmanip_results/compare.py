@@ -44,6 +44,7 @@ from .stats import (
 )
 
 __all__ = [
+    "AmbiguousRun",
     "BaselineMonitor",
     "Outcome",
     "RunNotFound",
@@ -59,9 +60,31 @@ Key = tuple[str, str]
 
 
 class RunNotFound(GenmanipResultsError):
-    """``RUN`` names no run directory and no run id under the searched roots, or several."""
+    """``RUN`` names no run directory and no run id under the searched roots (or several:
+    :class:`AmbiguousRun`)."""
 
     exit_code = ExitCode.INVALID_INPUT
+
+
+class AmbiguousRun(RunNotFound):
+    """``RUN`` is a run id several runs share; ``candidates`` are their ``<benchmark>/<run_id>``
+    keys and ``paths`` their run directories, in the same order.
+
+    A :class:`RunNotFound` (same exit code), so callers that only need "no single run" keep
+    catching that.
+    """
+
+    def __init__(self, spec: str, runs: Sequence[RunInfo], *, hint: str | None = None) -> None:
+        self.spec = spec
+        self.candidates = [r.key for r in runs]
+        self.paths = [Path(r.path) for r in runs]
+        listing = "; ".join(f"{k} ({p})" for k, p in zip(self.candidates, self.paths, strict=True))
+        if hint is None:
+            # A key only helps when it is unique: two layouts of one benchmark share theirs.
+            unique = [k for k in dict.fromkeys(self.candidates) if self.candidates.count(k) == 1]
+            hint = ("give " + " or ".join(repr(k) for k in unique) + ", or the run directory"
+                    if unique else "give the run directory")
+        super().__init__(f"run id {spec!r} is ambiguous: {len(runs)} runs match: {listing}", hint=hint)
 
 
 @dataclass(frozen=True)
@@ -99,12 +122,18 @@ def load_outcomes(run: RunInfo | str | os.PathLike[str]) -> dict[Key, Outcome]:
     return out
 
 
-def resolve_run(spec: str, root: str | os.PathLike[str] | None = None) -> RunInfo:
+def resolve_run(
+    spec: str, root: str | os.PathLike[str] | None = None, *, benchmark_id: str | None = None
+) -> RunInfo:
     """A run from ``RUN`` as the readers take it: a run directory, else a run id
     (``<run_id>`` or ``<benchmark>/<run_id>``) under :func:`genmanip_results.roots.search_roots`.
 
+    ``benchmark_id`` keeps the runs of that benchmark only (a caller that knows it: a run id
+    is unique within a benchmark, not across them); a run directory is taken as given.
+
     Raises:
-        RunNotFound: no such run, or a run id several runs share (the candidates are listed).
+        AmbiguousRun: a run id several runs share (their ``<benchmark>/<run_id>`` keys listed).
+        RunNotFound: no such run (under ``benchmark_id``, when given).
     """
     p = Path(spec)
     if p.is_dir() and is_run_dir(p):
@@ -122,21 +151,20 @@ def resolve_run(spec: str, root: str | os.PathLike[str] | None = None) -> RunInf
                 continue
             seen.add(key)
             names.add(info.key)
-            if spec in (info.run_id, info.key):
+            if spec in (info.run_id, info.key) and benchmark_id in (None, info.benchmark):
                 matches.append(info)
     if len(matches) == 1:
         return matches[0]
+    if matches:
+        raise AmbiguousRun(spec, matches)
     where = ", ".join(str(r) for r in roots)
-    if not matches:
-        known = sorted(names)
-        listing = ", ".join(known[:15]) + (" ..." if len(known) > 15 else "") if known else "none"
-        raise RunNotFound(
-            f"no run {spec!r} (not a run directory, not a run id under {where}); runs found: {listing}",
-            hint="give a run directory, or --root the directory holding the results",
-        )
+    under = f" of benchmark {benchmark_id!r}" if benchmark_id is not None else ""
+    known = sorted(names)
+    listing = ", ".join(known[:15]) + (" ..." if len(known) > 15 else "") if known else "none"
     raise RunNotFound(
-        f"run id {spec!r} is ambiguous: " + "; ".join(str(m.path) for m in matches),
-        hint="give the run directory, or <benchmark>/<run_id>",
+        f"no run {spec!r}{under} (not a run directory, not a run id under {where}); runs found: {listing}",
+        hint="give a run directory or one of the <benchmark>/<run_id> found, or --root the "
+        "directory holding the results",
     )
 
 

@@ -61,7 +61,7 @@ from .layout import (
     SUBMITTED_FLAG,
     VIDEO_SUFFIX,
 )
-from .live import ACTIVE_S, LIVE_FRESH_S, STALE_AFTER_S, live_activity, process_alive
+from .live import ACTIVE_S, LIVE_FRESH_S, STALE_AFTER_S, live_activity, parse_pid, process_alive
 from .paths import UnsafePathError, is_within, open_within
 from .roots import project_trees
 
@@ -711,8 +711,9 @@ def _segment_process(seg: Mapping[str, Any]) -> tuple[str | None, int | None, fl
     sid = seg.get("id")
     if isinstance(sid, str):
         parts = sid.split(":", 2)
-        if len(parts) == 3 and parts[1].isdigit() and parts[0] and parts[0] == (host or parts[0]):
-            host, pid, started = parts[0], int(parts[1]), _epoch(parts[2])
+        n = parse_pid(parts[1]) if len(parts) == 3 else None
+        if n is not None and parts[0] and parts[0] == (host or parts[0]):
+            host, pid, started = parts[0], n, _epoch(parts[2])
     return host, pid, started if started is not None else _epoch(seg.get("started"))
 
 

@@ -10,6 +10,8 @@ Tree (every class carries an ``exit_code``)::
         SeriesError                  4  an episode's recording cannot be read as a whole (series)
           SeriesNotFoundError        4  the episode has no recording file
         UnsafePathError              9  a name from the wire would leave its root (paths)
+        RunNotFound                  4  RUN names no run directory or run id (compare.resolve_run)
+          AmbiguousRun               4  a run id several runs share; lists their <benchmark>/<run_id>
 """
 
 from __future__ import annotations

@@ -63,6 +63,7 @@ __all__ = [
     "VIDEO_SUFFIX",
     "VIEWER_CACHE_PREFIX",
     "awaiting_note_name",
+    "note_pid",
     "pending_note_name",
 ]
 
@@ -165,6 +166,21 @@ def awaiting_note_name(pid: int) -> str:
 def pending_note_name(pid: int) -> str:
     """The pending-result note of process ``pid``."""
     return f"{PENDING_NOTE_PREFIX}{pid}{NOTE_SUFFIX}"
+
+
+def note_pid(name: str) -> str | None:
+    """The pid part of an awaiting- or pending-result note's file name, as written (the inverse of
+    :func:`awaiting_note_name` and :func:`pending_note_name`): ``"4242"`` for
+    ``.pending_result.4242.json``. None when ``name`` is no such note or has an empty pid part.
+
+    The text, not a number: whether it is a pid is ``genmanip_results.live.parse_pid``'s to say,
+    and ``owner_alive`` takes it as recorded.
+    """
+    for prefix in (AWAITING_NOTE_PREFIX, PENDING_NOTE_PREFIX):
+        # (the length check: the prefix and the suffix must not overlap, ".pending_result.json")
+        if name.startswith(prefix) and name.endswith(NOTE_SUFFIX) and len(name) > len(prefix) + len(NOTE_SUFFIX):
+            return name[len(prefix):-len(NOTE_SUFFIX)]
+    return None
 
 
 # --- provenance of generated files (genmanip_results.provenance) -------------------------------

@@ -24,7 +24,9 @@ read is opened through :func:`genmanip_results.paths.open_within` (symlinks reso
 is opened, so one swapped in after the listing is not followed either).
 
 Whether the process behind a run is still there is :func:`process_alive` (the pid and host a
-writer recorded, checked on this machine: a pid reused by a later process does not count) and how
+writer recorded, checked on this machine: a pid reused by a later process does not count; a pid
+recorded as text is read by :func:`parse_pid`, and :func:`owner_alive` answers it for a note's
+file-name pid and host: may its writer still run) and how
 recently its files changed is :func:`live_activity` and :data:`ACTIVE_S`; the run's state built
 from them (``live``, ``interrupted``, its outcome) is :attr:`genmanip_results.discovery.RunInfo.state`.
 """
@@ -60,6 +62,8 @@ __all__ = [
     "live_frame_path",
     "live_state_path",
     "live_workers",
+    "owner_alive",
+    "parse_pid",
     "process_alive",
     "read_live_frame",
     "read_live_state",
@@ -150,6 +154,32 @@ def _process_start(pid: int) -> tuple[str, float] | None:
         return fields[0], boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, StopIteration):
         return None
+
+
+def parse_pid(text: object) -> int | None:
+    """The pid a writer recorded as text (a field of a note's file name, of a segment id), or
+    None when ``text`` is no positive decimal number: the one reading of a recorded pid."""
+    if not isinstance(text, str) or not text.isascii() or not text.isdigit():
+        return None  # (isascii: str.isdigit also takes other scripts' digits)
+    pid = int(text)
+    return pid if pid > 0 else None
+
+
+def owner_alive(pid: str | None, host: object, *, this_host: str | None = None) -> bool:
+    """May the process that left a note still be running: its ``pid`` (as recorded: the text of
+    the note's file name, read by :func:`parse_pid`) on ``host`` (as the note says: any JSON
+    value)?
+
+    False only when this machine knows it is gone: a note of this host whose pid no live process
+    has, or that has no pid (nothing is left to own it). True when it runs, and when this
+    machine cannot tell (another host, or none recorded): a note of another machine's writer on
+    a shared filesystem is never raced. The tri-state answer is :func:`process_alive`.
+    """
+    here = this_host if this_host is not None else socket.gethostname()
+    n = parse_pid(pid)
+    if host == here and n is None:
+        return False
+    return process_alive(n, host if isinstance(host, str) else None, this_host=here) is not False
 
 
 def process_alive(

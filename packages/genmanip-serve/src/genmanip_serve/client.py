@@ -35,7 +35,7 @@ import ssl
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 from urllib.parse import urlsplit
 
 from genmanip_eval.errors import PolicyError
@@ -71,6 +71,15 @@ _DEFAULT_REPLY_BYTES = 16 * 1024 * 1024
 _ARGS = ("keymap", "api_key", "timeout", "connect_timeout", "max_reply_mb", "ca_cert", "frames")
 _FRAMES = ("auto", "raw")
 _KINDS = ("invalid-request", "policy-failed", "server-closing")
+#: The largest ``server_timing`` ``batch_size`` believed (with the server's advertised
+#: ``max_batch``, when lower): no policy call batches more observations, so a larger number is a
+#: broken or hostile server's, and it would skew the batch statistics ``gmp eval`` reports.
+_BATCH_CEILING = 1 << 16
+
+
+def _positive_int(value: Any) -> TypeGuard[int]:
+    """``value`` is an int of at least 1 (not a bool: msgpack's true is no count)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def _float(name: str, value: str | float, low: float = 0.0) -> float:
@@ -114,7 +123,8 @@ class RemotePolicy:
 
     Attributes:
         metadata: the server's metadata frame (a dict).
-        last_timing: worker id -> the ``server_timing`` of its last reply.
+        last_timing: worker id -> the ``server_timing`` of its last reply, as the server sent it
+            (unchecked: for display; :meth:`batch_size_of` is the checked batch size).
         concurrent_workers: True: calls for different workers may run at the same time, each on
             its own thread (every worker has its own connection). ``gmp eval`` then lets each
             worker's lane send its own observation as soon as it has one, and the policy server
@@ -163,8 +173,14 @@ class RemotePolicy:
         self._conns: dict[str, _Conn] = {}
         self._conns_lock = threading.Lock()  # the connection table (lanes call concurrently)
         self.last_timing: dict[str, dict[str, Any]] = {}
+        #: worker id -> the batch size of its last reply, checked where the reply is parsed
+        #: (None: the reply did not say, or said something no batch can be).
+        self._batch_sizes: dict[str, int | None] = {}
         first = self._open("(probe)")
         self.metadata = first.metadata
+        advertised = first.metadata.get("max_batch")
+        self._batch_ceiling = (min(advertised, _BATCH_CEILING)
+                               if _positive_int(advertised) else _BATCH_CEILING)
         self._spare: _Conn | None = first
         if keymap is None and first.metadata.get("server") != "genmanip-serve":
             self.close()
@@ -256,10 +272,10 @@ class RemotePolicy:
     def batch_size_of(self, worker_id: str) -> int | None:
         """How many observations the policy server's call for ``worker_id``'s last request held
         (its reply's ``server_timing``), None before one."""
-        n = self.last_timing.get(str(worker_id), {}).get("batch_size")
-        return n if isinstance(n, int) and not isinstance(n, bool) else None
+        return self._batch_sizes.get(str(worker_id))
 
     def _drop(self, worker: str) -> None:
+        self._batch_sizes.pop(worker, None)  # (its next connection has served no batch yet)
         with self._conns_lock:
             c = self._conns.pop(worker, None)
         if c is not None:
@@ -397,6 +413,10 @@ class RemotePolicy:
         timing = reply.get("server_timing")
         if isinstance(timing, dict):
             self.last_timing[wid] = timing
+        # The wire's one check of the batch size (Inference.batch_size_of checks what any policy
+        # reports): a bool, a string, a nested map or an impossible count says nothing.
+        n = timing.get("batch_size") if isinstance(timing, dict) else None
+        self._batch_sizes[wid] = n if _positive_int(n) and n <= self._batch_ceiling else None
         if self.keymap is not None:
             if "actions" not in reply:
                 raise RemotePolicyError(f"policy server {self.url}: the reply for worker {wid} has no "

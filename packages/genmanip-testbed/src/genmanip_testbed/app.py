@@ -127,14 +127,23 @@ class _Wire:
                     if k.startswith("video.") and isinstance(v, np.ndarray):
                         todo.append((obs, k, v))
             out[wid] = entry
-        if len(todo) > 1 and self.pool is not None:
+        # Frames the cache already holds encoded cost nothing: only the others go to the pool
+        # (a still scene, a policy holding its pose, would pay a thread hop per camera for nothing).
+        fresh: list[tuple[dict[str, Any], str, np.ndarray]] = []
+        for obs, k, v in todo:
+            cached = self.core.cache.jpeg(v)
+            if isinstance(cached, JpegFrame):
+                obs[k] = cached
+            else:
+                fresh.append((obs, k, v))
+        if len(fresh) > 1 and self.pool is not None:
             # simplejpeg releases the GIL: encode the cameras side by side.
             for (obs, k, _), jf in zip(
-                todo, self.pool.map(lambda t: self._jpeg(t[2]), todo), strict=True
+                fresh, self.pool.map(lambda t: self._jpeg(t[2]), fresh), strict=True
             ):
                 obs[k] = jf
         else:
-            for obs, k, v in todo:
+            for obs, k, v in fresh:
                 obs[k] = self._jpeg(v)
         return out
 

@@ -118,6 +118,29 @@ def _plain(shape: tuple[int, int, int], rgb: np.ndarray) -> np.ndarray:
         return img
 
 
+_FRONT: dict[tuple[int, ...], np.ndarray] = {}
+
+
+def _front_base(shape: tuple[int, int, int]) -> np.ndarray:
+    """The front view's static scene (a vertical gradient wall, then the table plane), read-only,
+    built once per shape: every episode's background starts as a copy of it (a reset of the
+    testbed must stay cheap, or concurrent resets hold the other workers' steps)."""
+    key = tuple(shape)
+    with _PLAIN_LOCK:
+        img = _FRONT.get(key)
+        if img is None:
+            h, w = shape[:2]
+            img = np.empty(shape, dtype=np.uint8)
+            grad = np.linspace(200, 120, h, dtype=np.float32)[:, None]
+            img[:] = np.stack([grad * 0.8, grad * 0.85, grad], axis=-1).astype(np.uint8)
+            top_row, _ = Renderer._front_px(np.array([TOP_X_MAX, 0.0, 0.0]), shape)
+            bottom_row, _ = Renderer._front_px(np.array([-0.2, 0.0, 0.0]), shape)
+            _fill(img, top_row, bottom_row, 0, w, _TABLE)
+            img.flags.writeable = False
+            _FRONT[key] = img
+        return img
+
+
 def _fill(img: np.ndarray, r0: float, r1: float, c0: float, c1: float, rgb: Any) -> None:  # noqa: PLR0917
     h, w = img.shape[:2]
     a, b = max(int(r0), 0), min(int(r1), h)
@@ -247,19 +270,13 @@ class Renderer:
         return h * 0.92 - p[0] * s * 0.35 - p[2] * s, w / 2 - p[1] * s
 
     def _front_bg(self, shape: tuple[int, int, int]) -> np.ndarray:
-        h, w = shape[:2]
-        img = np.empty(shape, dtype=np.uint8)
-        # A vertical gradient wall, then the table plane.
-        grad = np.linspace(200, 120, h, dtype=np.float32)[:, None]
-        img[:] = np.stack([grad * 0.8, grad * 0.85, grad], axis=-1).astype(np.uint8)
-        top_row, _ = self._front_px(np.array([TOP_X_MAX, 0.0, 0.0]), shape)
-        bottom_row, _ = self._front_px(np.array([-0.2, 0.0, 0.0]), shape)
-        _fill(img, top_row, bottom_row, 0, w, _TABLE)
+        w = shape[1]
+        img = _front_base(shape).copy()
         for pos, rgb in self.distractors:
             r, c = self._front_px(pos, shape)
             half = _DISTRACTOR_HALF * w / 2.4
             _fill(img, r - half, r + half, c - half, c + half, rgb)
-        return img
+        return np.asarray(img)
 
     def _background(self, kind: str, shape: tuple[int, int, int]) -> np.ndarray:
         with self._lock:
