@@ -3,12 +3,25 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import resource
 from collections.abc import Callable
 from typing import Any
 
 from genmanip_testbed import serve_testbed
 
-__all__ = ["ServerProcess", "Spawned"]
+__all__ = ["ServerProcess", "Spawned", "cpu_s"]
+
+
+def cpu_s(*, own: bool = True) -> float:
+    """CPU seconds (user + system) of the child processes that have ended (ffmpeg, ``gmp eval``
+    subprocesses, spawned servers once joined) and, with ``own``, of this process: what a user
+    pays, the whole process tree, not the timed loop alone."""
+    ch = resource.getrusage(resource.RUSAGE_CHILDREN)
+    total = ch.ru_utime + ch.ru_stime
+    if own:
+        me = resource.getrusage(resource.RUSAGE_SELF)
+        total += me.ru_utime + me.ru_stime
+    return total
 
 
 def _serve(conf: dict[str, Any], q: Any, stop: Any) -> None:

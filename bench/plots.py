@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import tempfile
 import time
 from collections.abc import Callable
@@ -25,13 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-
-def cpu_s() -> float:
-    """CPU seconds of this process plus its finished children (the ffmpeg decoders/encoder)."""
-    me = resource.getrusage(resource.RUSAGE_SELF)
-    ch = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + ch.ru_utime + ch.ru_stime
+from _common import cpu_s
 
 
 def measured(fn: Callable[[], Any]) -> tuple[float, float, Any]:

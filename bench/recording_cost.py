@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -28,15 +27,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import ServerProcess
+from _common import ServerProcess, cpu_s
 
 ROBOT = "manip/lift2/R5a"
 TASK = "testbed/all"
-
-
-def _children_cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
 
 
 def _eval(url: str, results: Path, *, workers: int, episodes: int, mode: str) -> dict[str, float]:
@@ -46,9 +40,9 @@ def _eval(url: str, results: Path, *, workers: int, episodes: int, mode: str) ->
     args += ["--no-record"] if mode == "off" else ["--transcode", mode]
     env = {**os.environ, "NO_COLOR": "1"}
     env.pop("GENMANIP_RESULT_DIR", None)
-    cpu0, t0 = _children_cpu(), time.perf_counter()
+    cpu0, t0 = cpu_s(own=False), time.perf_counter()
     p = subprocess.run(args, capture_output=True, text=True, env=env, timeout=3600, check=False)
-    wall, cpu = time.perf_counter() - t0, _children_cpu() - cpu0
+    wall, cpu = time.perf_counter() - t0, cpu_s(own=False) - cpu0
     if p.returncode != 0:
         raise SystemExit(f"gmp eval ({mode}) failed: {p.stderr[-1500:]}")
     steps = sum(len(f.read_text().splitlines()) for f in results.rglob("steps.jsonl")) if mode != "off" else None
@@ -119,17 +113,17 @@ def _viz_first_open(tmp: Path, steps: int) -> list[tuple[str, str]]:
     rrd = build_recording(ep, force=True)
     rows.append(("Rerun replay build from the JPEG frames (EncodedImage)",
                  f"{time.perf_counter() - t0:.2f} s, {rrd.stat().st_size / 2**20:.1f} MiB"))
-    cpu0, t0 = _children_cpu(), time.perf_counter()
+    cpu0, t0 = cpu_s(own=False), time.perf_counter()
     for cam in streams:
         ensure_video(ep.path, cam)
     mp4 = sum((ep.path / f"{c}.mp4").stat().st_size for c in streams)
     rows.append(("on-demand H.264 of all cameras (ensure_video, x264 ultrafast)",
-                 f"{time.perf_counter() - t0:.2f} s wall, {_children_cpu() - cpu0:.2f} s CPU, {mp4 / 2**20:.1f} MiB"))
+                 f"{time.perf_counter() - t0:.2f} s wall, {cpu_s(own=False) - cpu0:.2f} s CPU, {mp4 / 2**20:.1f} MiB"))
     # The alternative store: MJPEG stream-copied into Matroska (ffmpeg -c copy), per episode.
     from genmanip_results.frames import FrameStore
     from genmanip_results.video import ffmpeg_executable
 
-    cpu0, t0 = _children_cpu(), time.perf_counter()
+    cpu0, t0 = cpu_s(own=False), time.perf_counter()
     for cam, s in streams.items():
         assert s.store is not None
         with FrameStore(s.store) as st:
@@ -142,7 +136,7 @@ def _viz_first_open(tmp: Path, steps: int) -> list[tuple[str, str]]:
             p.stdin.close()
             p.wait()
     rows.append(("alternative: MJPEG-in-Matroska (-c copy) of all cameras",
-                 f"{time.perf_counter() - t0:.2f} s wall, {_children_cpu() - cpu0:.2f} s CPU "
+                 f"{time.perf_counter() - t0:.2f} s wall, {cpu_s(own=False) - cpu0:.2f} s CPU "
                  "(the frame store: a rename, 0 s)"))
     return rows
 

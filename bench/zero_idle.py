@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import sys
 import time
 import uuid
@@ -32,7 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the policies module, in children too
 
-from _common import ServerProcess, Spawned
+from _common import ServerProcess, Spawned, cpu_s
 from genmanip_eval import EvalConfig, run_eval
 from genmanip_runtime.transport import HttpTransport
 
@@ -40,12 +39,6 @@ LATENCY = "48ms"
 #: camera frames on the wire (``--frames``): auto is raw on loopback without recording (7.4 MB per
 #: lift2 observation), jpeg is what the real server sends (~60 KB on the testbed)
 FRAMES = ["auto"]
-
-
-def _cpu_s() -> float:
-    """CPU seconds of this process and of its children that have ended (user + system)."""
-    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 #: the last ``_run``: its steps and CPU ms per step (this process and the children it waited for)
@@ -70,10 +63,10 @@ def _run(url: str, *, workers: int, episodes: int, runner: str, policy: str, pro
     cfg = EvalConfig(url=url, worker_ids=[str(i) for i in range(workers)], processes=processes,
                      policy=policy, policy_args=dict(args or {}), record=False, runner=runner,
                      max_episodes=episodes, frames=FRAMES[0])
-    c0, t0 = _cpu_s(), time.perf_counter()
+    c0, t0 = cpu_s(), time.perf_counter()
     summary = run_eval(cfg, emit=emit)
     wall = time.perf_counter() - t0
-    LAST.update(steps=summary.steps, cpu_ms=(_cpu_s() - c0) * 1000 / max(1, summary.steps))
+    LAST.update(steps=summary.steps, cpu_ms=(cpu_s() - c0) * 1000 / max(1, summary.steps))
     return summary.steps / wall, per_worker, events, summary.batching
 
 
@@ -128,11 +121,11 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(("async, 1 process (one model copy)", asy, f"{asy / lock1:.2f}x", LAST["cpu_ms"]))
         # (the policy server's CPU counts once its process has ended: the whole block, per step,
         # its start-up included, as a user pays it)
-        c0 = _cpu_s()
+        c0 = cpu_s()
         with PolicyServerProcess(gpu) as ws:
             srv, _, _, _ = _run(url, workers=w, episodes=eps, runner="async", policy=ws)
         rows.append(("async through gmp policy serve (loopback)", srv, f"{srv / lock1:.2f}x",
-                     (_cpu_s() - c0) * 1000 / max(1.0, LAST["steps"])))
+                     (cpu_s() - c0) * 1000 / max(1.0, LAST["steps"])))
         zl, _, _, _ = _run(url, workers=w, episodes=eps, runner="lockstep", policy=free)
         rows.append(("zero-cost policy, lockstep", zl, "1.00x", LAST["cpu_ms"]))
         za, _, _, _ = _run(url, workers=w, episodes=eps, runner="async", policy=free)

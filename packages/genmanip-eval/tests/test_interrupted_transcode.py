@@ -33,7 +33,10 @@ TOKEN = "tb-token-Interrupt-9f3"
 RUN = "cut1"
 
 _GMP_EVAL = r"""
-import json, logging, sys
+import json, logging, signal, sys
+# Ctrl-C as in a terminal's foreground job: a CI script's background job starts its children with
+# SIGINT ignored, and Python then installs no KeyboardInterrupt for it.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from genmanip_eval import EvalConfig
 from genmanip_eval.cli import eval_exit_code, evaluate
 from genmanip_protocol.errors import GenmanipError

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Mapping
@@ -213,4 +214,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    # Ctrl-C as in a terminal's foreground job: a CI script's background job starts its children
+    # with SIGINT ignored, and Python then installs no KeyboardInterrupt for it.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.exit(main())

@@ -105,10 +105,8 @@ class _Wire:
         self.core = core
         self.pool = pool
 
-    def _jpeg(self, arr: np.ndarray) -> JpegFrame:
-        cached = self.core.cache.jpeg(arr)
-        if isinstance(cached, JpegFrame):
-            return cached
+    def _encode_jpeg(self, arr: np.ndarray) -> JpegFrame:
+        """Encode a frame the cache does not hold encoded, and keep its encoding there."""
         jf = JpegFrame.encode(arr, quality=85)
         self.core.cache.put_jpeg(arr, jf)
         return jf
@@ -139,12 +137,12 @@ class _Wire:
         if len(fresh) > 1 and self.pool is not None:
             # simplejpeg releases the GIL: encode the cameras side by side.
             for (obs, k, _), jf in zip(
-                fresh, self.pool.map(lambda t: self._jpeg(t[2]), fresh), strict=True
+                fresh, self.pool.map(lambda t: self._encode_jpeg(t[2]), fresh), strict=True
             ):
                 obs[k] = jf
         else:
             for obs, k, v in fresh:
-                obs[k] = self._jpeg(v)
+                obs[k] = self._encode_jpeg(v)
         return out
 
     def encode(self, obj: Any) -> list[bytes | memoryview]:
