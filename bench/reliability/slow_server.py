@@ -239,6 +239,25 @@ def sigterm_group_case(after_steps: int = 40) -> dict[str, Any]:
     }
 
 
+def startup_duration() -> float:
+    """Seconds from exec to the first connection of the ``gmp eval`` of
+    :func:`startup_sigint_case` (interpreter start-up, importing gmp and the eval handler): the
+    window a start-up SIGINT lands in, on this machine as loaded as it is now."""
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        srv.settimeout(60)
+        t0 = time.perf_counter()
+        proc = _gmp("eval", "--url", f"http://127.0.0.1:{srv.getsockname()[1]}", "--policy", "zero",
+                    "--no-record")
+        try:
+            conn, _ = srv.accept()
+            took = time.perf_counter() - t0
+            conn.close()
+        finally:
+            proc.kill()
+            proc.communicate(timeout=30)
+    return took
+
+
 def startup_sigint_case(delay: float) -> dict[str, Any]:
     """SIGINT ``delay`` seconds after ``gmp eval`` was exec'ed: while Python starts, imports gmp and
     its handler, connects. Python's own handler is installed a few ms into start-up; before that a

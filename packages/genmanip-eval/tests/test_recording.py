@@ -367,6 +367,39 @@ def test_recover_finishes_a_dead_recorders_episode_and_refuses_a_short_one(tmp_p
     assert json.loads((ok.parent / "episode_result.json").read_text()) == {"000": {"score": 1.0, "sr": 1.0}}
 
 
+def test_a_saved_result_is_not_taken_for_lost_when_the_end_note_outlived_it(tmp_path: Path) -> None:
+    """A recorder killed after saving a result and before its writer removed the episode's
+    "awaiting" note leaves both; the next client on the worker finds nothing held on the server
+    (the result was handed out): the episode is finished from the saved result, not marked lost
+    (that removed its frames while they were being finished; found on a Ray node's loss)."""
+    rec = Recorder(tmp_path)
+    rec.observation("0", make_obs(0, reset=True))
+    for t in range(3):
+        rec.executed("0", [ACTION], obs_timesteps=[t], chunk=[None], latency=None)
+        rec.observation("0", make_obs(t + 1, value=t))
+    rec.episode_ended("0")
+    rec._episodes.pop("0")  # the process "dies" here
+    rec.close()
+    d = tmp_path / EID
+    dead = _dead_pid()
+    (awaiting,) = d.glob(".awaiting_result.*.json")
+    awaiting.rename(d / f".awaiting_result.{dead}.json")
+    (d / f".pending_result.{dead}.json").write_text(json.dumps({
+        "episode": {"episode_id": EID, "task_name": "testbed/reach/red_easy", "seed": "000",
+                    "worker_id": "0", "robot_id": "manip/lift2/R5a", "instruction": "x",
+                    "started": "t", "steps": 3},
+        "result": {"score": 1.0, "sr": 1.0}, "cameras": ["left_camera", "top_camera"],
+        "finished": "t", "host": socket.gethostname(),
+    }))
+    rec2 = Recorder(tmp_path)
+    rec2.results_not_held(["0"])  # what the resumed client's probe of worker 0 found
+    assert rec2.recover(tmp_path / "testbed" / "run1") == 1
+    rec2.close()
+    assert json.loads((d / "result.json").read_text())["score"] == 1.0
+    assert not (d / "INCOMPLETE").exists() and not list(d.glob(".*_result.*.json"))
+    assert probe_video(_cam(d, "left_camera"))[0] == 4
+
+
 def test_recover_tidies_a_finished_episode_killed_before_its_marker_was_removed(tmp_path: Path) -> None:
     rec = Recorder(tmp_path)
     record_episode(rec, "0", EID, 3)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import socket
+import stat
+import time
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +15,7 @@ from genmanip_eval.recording import RAW_JPEG_QUALITY, Recorder
 from genmanip_protocol import Observation
 from genmanip_protocol.codec import decode_jpeg
 from genmanip_results.frames import FrameStore, episode_streams, finish_spool
-from genmanip_results.video import read_video_frames, video_info
+from genmanip_results.video import ffmpeg_executable, read_video_frames, video_info
 from test_recording import ACTION, EID, _dead_pid, make_obs, record_episode, result
 
 
@@ -120,3 +122,55 @@ def test_rerun_of_an_episode_replaces_its_store_and_video(tmp_path: Path) -> Non
     rec.close()
     assert not (d / "left_camera.mp4").exists()  # the old attempt's video went with it
     assert video_info(d / "left_camera.jpegs").n_frames == 2  # (the last action has no next frame)
+
+
+def test_a_result_arriving_after_a_stop_ended_ffmpeg_is_saved_for_the_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop signal that ended episode 000's ffmpeg stops the run, but the result of the episode
+    that ended meanwhile (001) is on its way and the server hands it out once: it is saved, and
+    both episodes' videos are left to the resume (the stop used to drop it: 001 kept INCOMPLETE)."""
+    real = ffmpeg_executable()
+    fake = tmp_path / "ffmpeg"
+    # A real process ended by a real stop signal (SIGTERM: a CI job may start us with SIGINT ignored).
+    fake.write_text(f'#!/bin/sh\ncase "$*" in *"/000/"*) kill -TERM $$ ;; esac\nexec "{real}" "$@"\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("GMP_FFMPEG", str(fake))
+    root = tmp_path / "results"
+    eid2 = EID[:-1] + "1"
+    rec = Recorder(root, transcode="inline")
+    record_episode(rec, "0", EID, 3)
+    deadline = time.monotonic() + 60
+    while True:  # the transcoder meets the stop
+        try:
+            rec.check()
+        except KeyboardInterrupt as exc:
+            assert "stop signal" in str(exc)
+            break
+        assert time.monotonic() < deadline, "ffmpeg's stop was not seen"
+        time.sleep(0.01)
+    try:  # (a KeyboardInterrupt escaping would stop pytest itself)
+        rec.observation("0", make_obs(0, reset=True, eid=eid2))
+        rec.executed("0", [ACTION], obs_timesteps=[0], chunk=[None], latency=None)
+        rec.episode_ended("0")
+        rec.episode_end("0", result(eid2), lock_lost=False)
+    except KeyboardInterrupt as exc:
+        pytest.fail(f"the stop cut short the recording of the episode on its way: {exc}")
+    with pytest.raises(KeyboardInterrupt):
+        rec.close()
+    dirs = [root / EID, root / eid2]
+    assert sorted(rec.left_for_resume()) == dirs
+    for d in dirs:
+        assert list(d.glob(".pending_result.*.json")) and not (d / "result.json").exists()
+    dead = _dead_pid()  # the stopped process has exited when the run is resumed
+    for d in dirs:
+        for note in d.glob(".pending_result.*.json"):
+            note.rename(d / f".pending_result.{dead}.json")
+    monkeypatch.delenv("GMP_FFMPEG")
+    again = Recorder(root, transcode="inline")
+    assert again.recover(root / "testbed" / "run1") == 2
+    again.close()
+    for d in dirs:
+        assert json.loads((d / "result.json").read_text())["seed"] == d.name
+        assert sorted(p.name for p in d.glob("*.mp4")) == ["left_camera.mp4", "top_camera.mp4"]
+        assert not (d / "INCOMPLETE").exists() and not (d / ".frames").exists()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -262,6 +263,27 @@ def test_logging_levels() -> None:
     assert logging.getLogger().level == logging.ERROR
     gmp_handlers = [h for h in logging.getLogger().handlers if getattr(h, "_gmp_handler", False)]
     assert len(gmp_handlers) == 1  # reconfiguring does not stack handlers
+    main_mod.configure_logging(0, False)
+
+
+def test_the_log_handler_follows_sys_stderr(monkeypatch: pytest.MonkeyPatch) -> None:
+    """main() run in-process leaves its handler installed: a record logged after that call's
+    stderr was closed (a thread still running) goes to the current stderr, not to the closed one."""
+    import io
+    import logging
+
+    first = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", first)
+    main_mod.configure_logging(0, False)
+    first.close()
+    second = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", second)
+    logging.getLogger("genmanip.test").warning("after the call")
+    assert second.getvalue() == "gmp: warning: after the call\n"
+    explicit = io.StringIO()
+    main_mod.configure_logging(0, False, stream=explicit)
+    logging.getLogger("genmanip.test").warning("to the stream given")
+    assert explicit.getvalue().endswith("to the stream given\n") and "given" not in second.getvalue()
     main_mod.configure_logging(0, False)
 
 

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -110,9 +111,16 @@ def test_submit_and_status(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
         # A job with active workers: submit refuses (exit 1), naming the run.
         code = main(["eval", "--url", tb.url, "--no-record", "--max-episodes", "1"])
         capsys.readouterr()
-        code = main(["status", "--url", tb.url, "--json"])
-        out, _ = capsys.readouterr()
-        data = json.loads(out)
+        # (status counts the seeds whose result_info.json the server has written, as the real
+        # server does with refresh: that happens in the background after the result is sent)
+        deadline = time.monotonic() + 60
+        while True:
+            code = main(["status", "--url", tb.url, "--json"])
+            out, _ = capsys.readouterr()
+            data = json.loads(out)
+            if data["completed_episodes"] >= 1 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         assert data["run_id"] == "r1" and data["completed_episodes"] >= 1
         if data["status"] == "incomplete":
             code = main(["submit", "testbed/smoke", "--url", tb.url])

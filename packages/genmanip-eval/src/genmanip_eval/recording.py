@@ -331,6 +331,17 @@ class Recorder:
         group), whose own ``KeyboardInterrupt`` may still be on its way, or lost: CPython drops one
         raised inside a finalizer or weakref callback. The run stops as on Ctrl-C either way.
         """
+        self._check_failed()
+        if self._cut_signalled and not self._closed:
+            raise KeyboardInterrupt(self._cut_detail)
+
+    def _check_failed(self) -> None:
+        """Raise :class:`RecordingError` if the writer or transcoder failed.
+
+        The producer side checks only this: a stop that ended ffmpeg must not cut the recording of
+        what is already on its way (a result the server handed out once, an episode's last rows);
+        the step loop's :meth:`check` stops the run.
+        """
         if isinstance(self._error, RecordingError):
             # A refusal (a hostile camera name, a foreign directory) says itself what happened.
             raise RecordingError(str(self._error), hint=self._error.hint) from self._error
@@ -339,12 +350,10 @@ class Recorder:
                 f"recording failed: {self._error}",
                 hint="check free disk space and that ffmpeg works (or run with --no-record)",
             ) from self._error
-        if self._cut_signalled and not self._closed:
-            raise KeyboardInterrupt(self._cut_detail)
 
     def _put(self, item: tuple[Any, ...]) -> None:
         while True:
-            self.check()
+            self._check_failed()
             if not self._writer.is_alive():
                 raise RecordingError("the recording writer thread stopped unexpectedly")
             try:
@@ -358,7 +367,7 @@ class Recorder:
         done = threading.Event()
         self._put(("sync", done))
         while not done.wait(0.2):
-            self.check()
+            self._check_failed()
             if not self._writer.is_alive():
                 raise RecordingError("the recording writer thread stopped unexpectedly")
 
@@ -528,7 +537,10 @@ class Recorder:
             )
             self._put(("abort", ep, f"result mismatch: server reported {result.episode_id}"))
         else:
-            self.check()  # a recorder that failed (or refused this episode) writes nothing more
+            # A recorder that failed (or refused this episode) writes nothing more; one that a stop
+            # signal cut still saves the result: the server hands it out once.
+            self._check_failed()
+            self._catch_up(ep)  # (a caller that did not say the episode ended: see episode_ended)
             self.finished.append((result.success, result.score))
             finished = _now()
             self._write_pending(ep, result, finished)
@@ -537,7 +549,13 @@ class Recorder:
     def episode_ended(self, worker_id: str) -> None:
         """The server ended the worker's episode; its result follows (``episode_end``)."""
         ep = self._episodes.get(worker_id)
-        if ep is not None and not ep.awaiting:
+        if ep is not None:
+            self._catch_up(ep)
+
+    def _catch_up(self, ep: _Episode) -> None:
+        """Once per episode, at its end: every row and frame on disk (the writer's ``ended``),
+        before the result's note is written, which the writer's begin of the episode would wipe."""
+        if not ep.awaiting:
             ep.awaiting = True
             self._put(("ended", ep))
             # The client now waits for the server anyway (scoring, the next reset): let the writer
@@ -565,7 +583,7 @@ class Recorder:
         # If this very episode's abort is still queued, the writer must do it first.
         if self._split(result.episode_id)[0] in self._aborts_queued:
             self._sync()
-        self.check()
+        self._check_failed()  # (not the stop: see episode_end)
         try:
             self._adopt(result)
         except OSError as exc:
@@ -884,6 +902,13 @@ class Recorder:
             except (OSError, ValueError, KeyError, TypeError):
                 continue
             d = marker.parent
+            with self._busy_cv:
+                finishing = d in self._busy
+            if finishing or any(d.glob(PENDING_NOTE_GLOB)):
+                # Not lost: its result is saved (a recorder killed after saving it and before its
+                # writer removed this note; recover() finishes it, or is finishing it now).
+                marker.unlink(missing_ok=True)
+                continue
             shutil.rmtree(d / FRAMES_DIR, ignore_errors=True)
             marker.unlink(missing_ok=True)
             atomic_write_json(

@@ -89,7 +89,24 @@ class _SafeFormatter(logging.Formatter):
 class _LiveAwareHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """A stderr handler that never writes onto the live progress line: the line is cleared
     first and drawn again after (genmanip_runtime.console.write_above_live); plain writes when
-    genmanip-runtime is missing (then no progress line exists)."""
+    genmanip-runtime is missing (then no progress line exists).
+
+    Without an explicit ``stream`` it writes to ``sys.stderr`` as it is at each record (as
+    :data:`logging.lastResort` does): ``main()`` called in-process (tests, embedding code) leaves
+    the handler installed, and the ``sys.stderr`` of that call may since have been closed.
+    """
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self._follow = stream is None
+        super().__init__(stream if stream is not None else sys.stderr)
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stderr if self._follow else self._stream
+
+    @stream.setter
+    def stream(self, value: TextIO) -> None:
+        self._stream = value
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -126,7 +143,7 @@ def configure_logging(verbose: int, quiet: bool, stream: TextIO | None = None) -
     for h in list(root.handlers):
         if getattr(h, "_gmp_handler", False):
             root.removeHandler(h)
-    handler = _LiveAwareHandler(stream if stream is not None else sys.stderr)
+    handler = _LiveAwareHandler(stream)
     handler._gmp_handler = True  # type: ignore[attr-defined]
     fmt = "%(levelname)s %(name)s: %(message)s" if verbose >= 2 else "gmp: %(level)s: %(message)s"
     handler.addFilter(_lowercase_level)
