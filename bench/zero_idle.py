@@ -6,7 +6,9 @@ synthetic GPU-like policy whose call on a batch of n observations costs 30 ms + 
 the GIL is free as it is while a GPU computes). The bound for 8 workers is W / (S + P(W)) =
 8 / (0.048 + 0.046) ~= 85 steps/s (every worker's step and one full batch in turn, no overlap).
 
-Rows: lockstep (1 process, one model copy), lockstep with 8 processes (8 model copies), async
+Rows: lockstep (1 process, one model copy), the issue's runner (the lockstep runner as it was at
+:data:`ISSUE_COMMIT`, when the issue measured "today's 1-process figure": its packages extracted
+from git history and run in a subprocess), lockstep with 8 processes (8 model copies), async
 (1 process, one copy), async with the policy in ``gmp policy serve`` (another process, loopback);
 with a zero-cost policy, lockstep against async; and async with worker 0's
 resets taking 2 s: the other seven's steps/s against the same run without the slow worker.
@@ -21,8 +23,13 @@ Usage: ``python bench/zero_idle.py [--episodes N] [--num-steps N] [--workers N]`
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import os
+import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 import uuid
 from collections import Counter
@@ -40,6 +47,22 @@ LATENCY = "48ms"
 #: lift2 observation), jpeg is what the real server sends (~60 KB on the testbed)
 FRAMES = ["auto"]
 
+
+#: The commit at which the zero-idle issue measured "today's runner" (the lockstep runner before
+#: the batched interface and the asynchronous runner): its ">= 4x" target is about that figure.
+ISSUE_COMMIT = "457b25f"
+
+#: The issue-time row's process: that commit's ``run_eval`` with the per-worker GPU-like policy.
+_ISSUE_ROW = r"""
+import json, sys, time
+from genmanip_eval import EvalConfig, run_eval
+url, workers, episodes, frames = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+cfg = EvalConfig(url=url, worker_ids=[str(i) for i in range(workers)], record=False,
+                 policy="_zero_idle_policies:gpu_per_worker", max_episodes=episodes, frames=frames)
+t0 = time.perf_counter()
+steps = run_eval(cfg).steps
+print(json.dumps({"steps": steps, "wall": time.perf_counter() - t0}))
+"""
 
 #: the last ``_run``: its steps and CPU ms per step (this process and the children it waited for)
 LAST: dict[str, float] = {"steps": 0.0, "cpu_ms": 0.0}
@@ -68,6 +91,34 @@ def _run(url: str, *, workers: int, episodes: int, runner: str, policy: str, pro
     wall = time.perf_counter() - t0
     LAST.update(steps=summary.steps, cpu_ms=(cpu_s() - c0) * 1000 / max(1, summary.steps))
     return summary.steps / wall, per_worker, events, summary.batching
+
+
+def _issue_time_packages(into: Path) -> Path | None:
+    """The ``packages/`` of :data:`ISSUE_COMMIT` extracted under ``into`` (``git archive``); None
+    when this checkout has no git history to take them from."""
+    repo = Path(__file__).resolve().parents[1]
+    try:
+        tar = subprocess.run(["git", "-C", str(repo), "archive", "--format=tar", ISSUE_COMMIT, "packages"],
+                             capture_output=True, check=True, timeout=120).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    with tarfile.open(fileobj=io.BytesIO(tar)) as tf:
+        tf.extractall(into, filter="data")
+    return into / "packages"
+
+
+def _run_issue_time(url: str, packages: Path, *, workers: int, episodes: int) -> tuple[float, float]:
+    """(steps/s of the whole ``run_eval``, CPU ms per step of its process) of the issue-time runner."""
+    _new_job(url, ("testbed/reach",))
+    path = os.pathsep.join([*(str(p / "src") for p in sorted(packages.iterdir())), str(Path(__file__).parent)])
+    c0 = cpu_s(own=False)
+    out = subprocess.run([sys.executable, "-c", _ISSUE_ROW, url, str(workers), str(episodes), FRAMES[0]],
+                         env={**os.environ, "PYTHONPATH": path}, capture_output=True, text=True, timeout=3600,
+                         check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"the runner of {ISSUE_COMMIT} failed:\n{out.stderr[-3000:]}")
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    return r["steps"] / r["wall"], (cpu_s(own=False) - c0) * 1000 / max(1, r["steps"])
 
 
 def _serve_policy(spec: str, q: Any, stop: Any) -> None:
@@ -111,9 +162,15 @@ def main(argv: list[str] | None = None) -> int:
     conf = {"tasks": ("testbed/reach",), "num_steps": opts.num_steps, "capacity": 2 * w,
             "save_process": False, "faults": f"latency={LATENCY}"}
     rows: list[tuple[str, float, str, float]] = []
-    with ServerProcess(**conf) as url:
+    issue_time: float | None = None
+    with ServerProcess(**conf) as url, tempfile.TemporaryDirectory(prefix="gmp-issue-time-") as tmp:
         lock1, _, _, _ = _run(url, workers=w, episodes=eps, runner="lockstep", policy=gpu)
         rows.append(("lockstep, 1 process (one model copy)", lock1, "1.00x", LAST["cpu_ms"]))
+        packages = _issue_time_packages(Path(tmp))
+        if packages is not None:
+            issue_time, cpu = _run_issue_time(url, packages, workers=w, episodes=eps)
+            rows.append((f"the issue's runner ({ISSUE_COMMIT}: lockstep, 1 process)", issue_time,
+                         f"{issue_time / lock1:.2f}x", cpu))
         lockn, _, _, _ = _run(url, workers=w, episodes=eps, runner="lockstep", policy=gpu, processes=w)
         rows.append((f"lockstep, {w} processes ({w} model copies)", lockn, f"{lockn / lock1:.2f}x",
                      LAST["cpu_ms"]))
@@ -145,6 +202,11 @@ def main(argv: list[str] | None = None) -> int:
     for name, rate, ratio, cpu in rows:
         vs_bound = f"{rate / bound:.2f}" if "zero-cost" not in name else "-"
         print(f"| {name} | {rate:.1f} | {ratio} | {vs_bound} | {cpu:.2f} |")
+    if issue_time is not None:
+        print(f"\nasync (1 process) against the issue's runner at {ISSUE_COMMIT}: **{asy / issue_time:.2f}x**; "
+              f"against today's lockstep: {asy / lock1:.2f}x")
+    else:
+        print(f"\n(the issue's runner at {ISSUE_COMMIT} not measured: this checkout has no git history)")
     print()
     # Two windows. "While all step": from the last of their first steps to the first of their last
     # ones, the steady state the target is about (the slow worker must not hold the others). "First

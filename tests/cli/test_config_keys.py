@@ -167,9 +167,12 @@ def test_eval_url_loses_to_the_flags(servers: dict[str, Any], tmp_path: Path) ->
     host, port = servers["open"].url.rsplit("/", 1)[1].split(":")
     p = gmp("status", "--host", host, "--port", port, config=cfg, cwd=tmp_path)
     _status_ok("cfg-open")(p, servers)
-    # No flag: the config's URL (port 9: nothing listens there) is the one used.
+    # No flag: the config's URL (port 9: nothing listens there) is the one used, and said to be
+    # unreachable after a few seconds of retries (it took 30 s of silence).
+    t0 = time.monotonic()
     p = gmp("status", config=cfg, cwd=tmp_path)
     assert p.returncode == ExitCode.UNREACHABLE and "http://127.0.0.1:9" in p.stderr, p.stderr
+    assert time.monotonic() - t0 < 20
 
 
 def test_eval_url_of_the_wrong_type_is_a_config_error(tmp_path: Path) -> None:

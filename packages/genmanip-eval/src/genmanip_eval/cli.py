@@ -46,6 +46,8 @@ class JobRefused(GenmanipEvalError):
 CONFIG_SECTION = "eval"
 _DEFAULT_HOST = "127.0.0.1"
 _DEFAULT_PORT = 8087
+#: How long `gmp status` retries its first request (connection refused, 502/503) before it says so.
+_FIRST_STATUS_S = 5.0
 
 
 def _url(url: str | None, host: str | None, port: int | None) -> str:
@@ -800,7 +802,9 @@ def status(
     ) as client:
         last = None
         while True:
-            data = client.status(refresh=True)
+            # The first answer is waited for briefly (a wrong URL is said in seconds, not after
+            # half a minute of silence); with --watch, a server restarting later is waited for.
+            data = client.status(refresh=True, retry_deadline=30.0 if last is not None else _FIRST_STATUS_S)
             st = parse_status({"data": data})
             if want_run and st.run_id != want_run:
                 console.warn(f"the server's current run is {st.run_id!r}, not {want_run!r}")

@@ -376,14 +376,15 @@ class EvalClient:
         self._wire.json_call("/kill", {"data": {"worker_ids": ids}}, timeout_key="kill", retry=True)
 
     @_interruptible
-    def status(self, refresh: bool = False, *, retry: bool = True) -> dict[str, Any]:
-        """``GET /status`` (the JSON ``data`` object as the server sent it; retried when safe)."""
+    def status(self, refresh: bool = False, *, retry: bool = True, retry_deadline: float = 30.0) -> dict[str, Any]:
+        """``GET /status`` (the JSON ``data`` object as the server sent it; retried when safe, for
+        up to ``retry_deadline`` seconds)."""
         from genmanip_protocol.errors import ResponseError, Violation
         from genmanip_runtime.text import safe_text
 
         payload = self._wire.json_call(
             "/status", {"refresh": "1"} if refresh else {}, method="GET", timeout_key="status",
-            retry=retry,
+            retry=retry, retry_deadline=retry_deadline,
         )
         if not isinstance(payload, dict) or not isinstance(payload.get("data"), dict):
             raise ResponseError(Violation(
