@@ -323,6 +323,18 @@ def _dead_pid() -> int:
     return p.pid
 
 
+def write_dead_pending(d: Path, pid: int, *, steps: int, eid: str = EID) -> None:
+    """The ``.pending_result`` note a recorder (process ``pid``, now dead) leaves in episode
+    directory ``d`` once it has saved the server's result (score 1) of ``eid``, ``steps`` rows."""
+    (d / f".pending_result.{pid}.json").write_text(json.dumps({
+        "episode": {"episode_id": eid, "task_name": "testbed/reach/red_easy", "seed": eid[-3:],
+                    "worker_id": "0", "robot_id": "manip/lift2/R5a", "instruction": "x",
+                    "started": "t", "steps": steps},
+        "result": {"score": 1.0, "sr": 1.0}, "cameras": ["left_camera", "top_camera"],
+        "finished": "t", "host": socket.gethostname(),
+    }))
+
+
 def test_recover_finishes_a_dead_recorders_episode_and_refuses_a_short_one(tmp_path: Path) -> None:
     """A result saved by a recorder that then died: the next recorder finishes the episode when
     every row it counted is on disk, else keeps it INCOMPLETE with the server's result."""
@@ -341,14 +353,7 @@ def test_recover_finishes_a_dead_recorders_episode_and_refuses_a_short_one(tmp_p
     for eid in (eid_ok, eid_short):
         d = tmp_path / eid
         (d / "INCOMPLETE").write_text(json.dumps({"episode_id": eid, "reason": None}))
-        info = {
-            "episode": {"episode_id": eid, "task_name": "testbed/reach/red_easy", "seed": eid[-3:],
-                        "worker_id": "0", "robot_id": "manip/lift2/R5a", "instruction": "x",
-                        "started": "t", "steps": 4 if eid == eid_ok else 6},
-            "result": {"score": 1.0, "sr": 1.0}, "cameras": ["left_camera", "top_camera"],
-            "finished": "t", "host": socket.gethostname(),
-        }
-        (d / f".pending_result.{dead}.json").write_text(json.dumps(info))
+        write_dead_pending(d, dead, steps=4 if eid == eid_ok else 6, eid=eid)
         for marker in d.glob(".awaiting_result.*.json"):
             marker.unlink()
     with open(tmp_path / eid_ok / "steps.jsonl", "ab") as fh:
@@ -384,13 +389,7 @@ def test_a_saved_result_is_not_taken_for_lost_when_the_end_note_outlived_it(tmp_
     dead = _dead_pid()
     (awaiting,) = d.glob(".awaiting_result.*.json")
     awaiting.rename(d / f".awaiting_result.{dead}.json")
-    (d / f".pending_result.{dead}.json").write_text(json.dumps({
-        "episode": {"episode_id": EID, "task_name": "testbed/reach/red_easy", "seed": "000",
-                    "worker_id": "0", "robot_id": "manip/lift2/R5a", "instruction": "x",
-                    "started": "t", "steps": 3},
-        "result": {"score": 1.0, "sr": 1.0}, "cameras": ["left_camera", "top_camera"],
-        "finished": "t", "host": socket.gethostname(),
-    }))
+    write_dead_pending(d, dead, steps=3)
     rec2 = Recorder(tmp_path)
     rec2.results_not_held(["0"])  # what the resumed client's probe of worker 0 found
     assert rec2.recover(tmp_path / "testbed" / "run1") == 1

@@ -4,7 +4,6 @@ frames encoded once, and a completion cut short between the cameras (real files,
 from __future__ import annotations
 
 import json
-import socket
 import stat
 import time
 from pathlib import Path
@@ -16,7 +15,15 @@ from genmanip_protocol import Observation
 from genmanip_protocol.codec import decode_jpeg
 from genmanip_results.frames import FrameStore, episode_streams, finish_spool
 from genmanip_results.video import ffmpeg_executable, read_video_frames, video_info
-from test_recording import ACTION, EID, _dead_pid, make_obs, record_episode, result
+from test_recording import (
+    ACTION,
+    EID,
+    _dead_pid,
+    make_obs,
+    record_episode,
+    result,
+    write_dead_pending,
+)
 
 
 def test_deferred_keeps_the_jpegs_as_received(tmp_path: Path) -> None:
@@ -91,13 +98,7 @@ def test_completion_cut_between_cameras_is_finished_on_resume(tmp_path: Path) ->
     dead = _dead_pid()
     for marker in d.glob(".awaiting_result.*.json"):
         marker.unlink()
-    (d / f".pending_result.{dead}.json").write_text(json.dumps({
-        "episode": {"episode_id": EID, "task_name": "testbed/reach/red_easy", "seed": "000",
-                    "worker_id": "0", "robot_id": "manip/lift2/R5a", "instruction": "x",
-                    "started": "t", "steps": 3},
-        "result": {"score": 1.0, "sr": 1.0}, "cameras": ["left_camera", "top_camera"],
-        "finished": "t", "host": socket.gethostname(),
-    }))
+    write_dead_pending(d, dead, steps=3)
     states = {c: s.state for c, s in episode_streams(d).items()}
     assert states == {"left_camera": "frames", "top_camera": "spooled"}
     rec2 = Recorder(tmp_path)
