@@ -3,8 +3,10 @@ one run.json naming the cluster, the options, the router."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import ray
@@ -67,10 +69,36 @@ def test_four_workers_over_two_actors_match_the_local_launcher(tmp_path: Path) -
     assert ray_run[0].batching and ray_run[0].batching["items"] >= ray_run[0].steps
 
 
+def _hold_after_one_episode(core: Any, first: str, second: str, cap_s: float = 120.0) -> None:
+    """Make ``first`` wait, before claiming its second episode, until ``second`` claimed one.
+
+    The server hands episodes to whichever worker resets first, so an actor that starts late
+    (a loaded machine: seconds of process start-up) can find every episode taken; this fixes
+    the interleaving the test needs instead of hoping for it. The wait runs in the testbed's
+    reset thread of ``first`` (its pending reset), never under the core's lock."""
+    original = core._claim_next
+    second_claimed = threading.Event()
+    claims = {first: 0}
+
+    def claim(w: Any) -> Any:
+        wid = str(w.wid)
+        if wid == first and claims[first] >= 1:
+            second_claimed.wait(cap_s)
+        key = original(w)
+        if key is not None and wid == second:
+            second_claimed.set()
+        if key is not None and wid == first:
+            claims[first] += 1
+        return key
+
+    core._claim_next = claim
+
+
 def test_the_driver_ends_the_segment_once_with_the_whole_runs_totals(tmp_path: Path) -> None:
     # Each actor records its own share into the one segment of the invocation; the driver ends
     # it once with the run's outcome and totals (not the last actor's own episodes and steps).
     with serve_testbed(tasks=TASKS, run_id="seg", results_root=tmp_path / "srv") as tb:
+        _hold_after_one_episode(tb.core, "0", "1")  # both actors must run episodes
         cfg = EvalConfig(url=tb.url, worker_ids=["0", "1"], policy="expert", results_dir=str(tmp_path / "res"),
                          launcher="ray", launcher_options={"workers_per_actor": 1})
         summary = run_eval(cfg)
