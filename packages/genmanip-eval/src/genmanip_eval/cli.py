@@ -31,6 +31,7 @@ from .errors import GenmanipEvalError, JobComplete, PolicyError
 from .policy import parse_policy_args
 from .runner import EvalConfig, RunSummary, finish_recordings, safe_argv
 from .runner import run_eval as _run_eval
+from .wire import RETRY_DEADLINE_S
 
 __all__ = ["EvalFlags", "eval_config", "eval_exit_code", "evaluate", "per_task_rows", "resume_command", "run_eval", "status", "submit",
            "summary_json"]
@@ -804,7 +805,7 @@ def status(
         while True:
             # The first answer is waited for briefly (a wrong URL is said in seconds, not after
             # half a minute of silence); with --watch, a server restarting later is waited for.
-            data = client.status(refresh=True, retry_deadline=30.0 if last is not None else _FIRST_STATUS_S)
+            data = client.status(refresh=True, retry_deadline=RETRY_DEADLINE_S if last is not None else _FIRST_STATUS_S)
             st = parse_status({"data": data})
             if want_run and st.run_id != want_run:
                 console.warn(f"the server's current run is {st.run_id!r}, not {want_run!r}")

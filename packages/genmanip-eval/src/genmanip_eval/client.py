@@ -66,7 +66,7 @@ from .options import (
     parse_worker_ids,
 )
 from .recovery import Recovery, step_error
-from .wire import Wire, server_ms
+from .wire import RETRY_DEADLINE_S, Wire, server_ms
 from .worker import Phase, SentActions, StepTiming, WorkerState
 
 __all__ = ["DEFAULT_TIMEOUTS", "DEFAULT_URL", "EvalClient", "StepListener", "StepTiming"]
@@ -376,7 +376,7 @@ class EvalClient:
         self._wire.json_call("/kill", {"data": {"worker_ids": ids}}, timeout_key="kill", retry=True)
 
     @_interruptible
-    def status(self, refresh: bool = False, *, retry: bool = True, retry_deadline: float = 30.0) -> dict[str, Any]:
+    def status(self, refresh: bool = False, *, retry: bool = True, retry_deadline: float = RETRY_DEADLINE_S) -> dict[str, Any]:
         """``GET /status`` (the JSON ``data`` object as the server sent it; retried when safe, for
         up to ``retry_deadline`` seconds)."""
         from genmanip_protocol.errors import ResponseError, Violation

@@ -32,6 +32,8 @@ log = logging.getLogger("genmanip_eval.client")
 
 #: What the server should be, in the message about a reply that is not one's.
 SERVICE = "a GenManip eval server"
+#: how long a call that is safe to repeat is retried, by default (seconds)
+RETRY_DEADLINE_S = 30.0
 
 #: Builds every retry loop's :class:`Backoff` (keyword arguments of ``Backoff``).
 BackoffFactory = Callable[..., Backoff]
@@ -163,7 +165,7 @@ class Wire:
             q.update({k: str(v) for k, v in extra.items() if v is not None})
         return q or None
 
-    def retry(self, fn: Callable[[], Any], *, deadline: float = 30.0, idempotent: bool = False) -> Any:
+    def retry(self, fn: Callable[[], Any], *, deadline: float = RETRY_DEADLINE_S, idempotent: bool = False) -> Any:
         """``fn()`` repeated while it fails in a way that is safe to repeat: nothing executed, or
         ``idempotent`` (``/kill``, ``GET /status``: running twice is running once), then also a
         connection lost after sending."""
@@ -187,7 +189,7 @@ class Wire:
 
     def json_call(
         self, route: str, payload: Any, *, method: str = "POST", timeout_key: str, retry: bool,
-        retry_deadline: float = 30.0,
+        retry_deadline: float = RETRY_DEADLINE_S,
     ) -> Any:
         def call() -> Any:
             self.count(route)
