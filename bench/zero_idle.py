@@ -215,9 +215,12 @@ def main(argv: list[str] | None = None) -> int:
         st = f"{steady:.1f}" if steady else "-"
         st_bound = f"{steady / bound:.2f}" if steady and not free_row else "-"
         print(f"| {name} | {rate:.1f} | {ratio} | {vs_bound} | {st} | {st_bound} | {cpu:.2f} |")
+    ceiling, best_b = schedule_ceiling(w)
     if issue_time is not None:
         print(f"\nasync (1 process) against the issue's runner at {ISSUE_COMMIT}: **{asy / issue_time:.2f}x**; "
               f"against today's lockstep: {asy / lock1:.2f}x")
+        print(f"no schedule beats {ceiling:.1f} steps/s with one policy device (mean batch {best_b:.2f}): "
+              f"{ceiling / issue_time:.2f}x the issue's runner as measured here")
     else:
         print(f"\n(the issue's runner at {ISSUE_COMMIT} not measured: this checkout has no git history)")
     print()
@@ -238,6 +241,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nasync batches (GPU-like row): mean size {batching['mean_batch']}, mean queue wait "
               f"{batching['mean_queue_ms']} ms, sizes {batching['sizes']}")
     return 0
+
+
+def schedule_ceiling(workers: int, *, step_s: float = 0.048, base_s: float = 0.030,
+                     per_obs_s: float = 0.002) -> tuple[float, float]:
+    """(steps/s, mean batch) that no schedule can beat with one policy device (calls never overlap,
+    as on one GPU) costing ``base_s + per_obs_s * n`` per batch of n, and a server step of ``step_s``.
+
+    With a mean batch b over the policy calls, the device is busy ``P(b) / b`` seconds per step,
+    so T <= b / P(b) (exact, P being affine); every step of a worker waits for its own step and its
+    batch's call, whose step-weighted mean size is at least b, so T <= W / (S + P(b)). The best b
+    makes both equal. The two pipelined groups of the async runner are a schedule under this
+    ceiling; W / (S + P(W)), "the bound" of the issue, is one batch for all, below it.
+    """
+    # b^2 per_obs + b (S + base) ... from W (base + per_obs b) = b (S + base + per_obs b)
+    a, bq, c = per_obs_s, step_s + base_s - workers * per_obs_s, -workers * base_s
+    b = min(float(workers), max(1.0, (-bq + (bq * bq - 4 * a * c) ** 0.5) / (2 * a)))
+    rate = min(workers / (step_s + base_s + per_obs_s * b), b / (base_s + per_obs_s * b))
+    return rate, b
 
 
 def _span_rate(events: dict[str, list[tuple[float, int]]], workers: list[str]) -> float:
