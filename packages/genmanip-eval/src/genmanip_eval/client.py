@@ -38,8 +38,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any, ParamSpec, Protocol, TypeVar
 
-from genmanip_protocol.errors import GenmanipError, ValidationError
-from genmanip_protocol.robots import RobotSpec, get_robot
+from genmanip_protocol.errors import GenmanipError
+from genmanip_protocol.robots import RobotSpec
 from genmanip_protocol.schema import (
     EpisodeResult,
     WorkerEntry,
@@ -66,6 +66,7 @@ from .options import (
     parse_worker_ids,
 )
 from .recovery import Recovery, step_error
+from .replies import ReplyFolder, timestep_of
 from .wire import RETRY_DEADLINE_S, Wire, server_ms
 from .worker import Phase, SentActions, StepTiming, WorkerState
 
@@ -288,13 +289,7 @@ class EvalClient:
         )
         self.step_options = step
         self.recovery_options = recovery
-        self._on_event = on_event
-        self._listener = listener
         self._close_listener = close_listener
-        #: Every finished episode's result, in arrival order.
-        self.episode_results: list[EpisodeResult] = []
-        #: How many times the server reported ``lock_lost`` (the episode was aborted and re-queued).
-        self.lock_lost_count = 0
         #: Counters: requests per route, executed steps per worker, episodes, failed requests
         #: recovered from, episodes restarted, results collected from a previous client.
         self.stats: dict[str, Any] = {
@@ -310,6 +305,7 @@ class EvalClient:
         self._recovery = Recovery(self)
         self._chunks = ChunkFanOut(len(self.worker_ids), parallel=step.parallel_chunks)
         self._state: dict[str, WorkerState] = {w: WorkerState(w) for w in self.worker_ids}
+        self._fold = ReplyFolder(self._state, stats=self.stats, listener=listener, on_event=on_event)
         self._started = False
         self._closed = False
         #: Set once the client gave up waiting for an unreachable server (close() then does no
@@ -332,6 +328,16 @@ class EvalClient:
     max_recoveries = property(lambda self: self.recovery_options.max_recoveries)
     kill_on_close = property(lambda self: self.recovery_options.kill_on_close)
     reset_grace = property(lambda self: self.recovery_options.reset_grace)
+
+    @property
+    def episode_results(self) -> list[EpisodeResult]:
+        """Every finished episode's result, in arrival order."""
+        return self._fold.episode_results
+
+    @property
+    def lock_lost_count(self) -> int:
+        """How many times the server reported ``lock_lost`` (the episode was aborted and re-queued)."""
+        return self._fold.lock_lost_count
 
     @property
     def codec_name(self) -> str | None:
@@ -448,7 +454,7 @@ class EvalClient:
                 if entry is not None:
                     # Applied at once: a finished reset was just handed out, for the last time.
                     adopted.append(wid)
-                    self._apply_entry(wid, entry, first=True)
+                    self._fold.apply(wid, entry, first=True)
             if adopted:
                 log.info(
                     "worker(s) %s: a reset from a previous client is under way or finished: "
@@ -457,7 +463,7 @@ class EvalClient:
         rest = [w for w in self.worker_ids if w not in adopted]
         if opts.kill_on_start and rest:
             if opts.adopt_on_start:
-                self._notify("results_not_held", list(rest))
+                self._fold.notify("results_not_held", list(rest))
             self.kill(rest)
         if rest:
             t0 = time.perf_counter()
@@ -468,7 +474,7 @@ class EvalClient:
             total = (time.perf_counter() - t0) * 1000
             for wid in rest:
                 self._state[wid].timing = StepTiming(total_ms=total, server_ms=server_ms(resp))
-                self._apply_entry(wid, entries[wid], first=True)
+                self._fold.apply(wid, entries[wid], first=True)
         # Workers usually finish their first reset together: give the others a moment.
         self._settle(block=True, grace=opts.reset_grace)
         return self.entries()
@@ -554,7 +560,7 @@ class EvalClient:
         )
         parsed = parse_step_response(data, ids)
         for w in ids:
-            self._apply_entry(w, parsed[w], first=False)
+            self._fold.apply(w, parsed[w], first=False)
 
     # ------------------------------------------------------------------ step
 
@@ -646,7 +652,7 @@ class EvalClient:
             return dict(action)
         st = self._state[wid]
         robot = self.step_options.robot or st.robot
-        ts = _timestep(st.obs)
+        ts = timestep_of(st.obs)
         step = None if ts is None else ts + index
         if robot is None:
             raise GenmanipEvalError(
@@ -732,145 +738,12 @@ class EvalClient:
         st.timing = timing
         st.failures = 0
         st.in_flight = None
-        self._record_executed(wid, executed, meta.get(wid) or {}, chunked=chunked, chunk_size=chunk_size)
-        self._apply_entry(wid, entry, first=False)
+        self._fold.executed(wid, executed, meta.get(wid) or {}, chunked=chunked, chunk_size=chunk_size)
+        self._fold.apply(wid, entry, first=False)
 
     def _clear_in_flight(self) -> None:
         for st in self._state.values():
             st.in_flight = None
-
-    # ------------------------------------------------------------------ applying replies
-
-    def _record_executed(
-        self,
-        wid: str,
-        executed: list[dict[str, Any]],
-        m: Mapping[str, Any],
-        *,
-        chunked: bool,
-        chunk_size: int | None = None,
-    ) -> None:
-        st = self._state[wid]
-        st.out.executed_steps = len(executed)
-        counts = self.stats["executed_steps"]
-        counts[wid] = counts.get(wid, 0) + len(executed)
-        if self._listener is not None and executed:
-            base_ts = _timestep(st.obs)
-            obs_ts = list(m.get("obs_timesteps") or [base_ts] * len(executed))[: len(executed)]
-            if chunked and not m.get("chunk"):
-                size = chunk_size or len(executed)
-                chunk: list[dict[str, int] | None] = [{"index": i, "size": size} for i in range(len(executed))]
-            else:
-                chunk = list(m.get("chunk") or [None] * len(executed))[: len(executed)]
-            # (batch_size only when there is one: a listener written for the reference-style
-            # loop need not take it)
-            extra = {} if st.timing.batch_size is None else {"batch_size": st.timing.batch_size}
-            self._listener.executed(
-                wid, executed, obs_timesteps=obs_ts, chunk=chunk, latency=st.timing.as_row(), **extra
-            )
-
-    def _apply_entry(self, wid: str, entry: WorkerEntry, *, first: bool) -> None:
-        """Fold one server entry into the worker's state (and tell the listener)."""
-        st = self._state[wid]
-        if entry.metric is not None:
-            st.metric = entry.metric
-        listener = self._listener
-        if entry.lock_lost:
-            st.out.lock_lost = True
-            self.lock_lost_count += 1
-            eid = _get(st.obs, "episode_id") or st.episode_id
-            log.warning(
-                "worker %s: the server lost the episode lock; episode %s was aborted and re-queued", wid, eid
-            )
-            self._emit("lock_lost", {"worker_id": wid, "episode_id": eid})
-            if listener is not None and st.episode_open:
-                listener.episode_end(wid, None, lock_lost=True)
-            st.close_episode()
-            st.unconfirmed = None
-        if entry.reset_pending:
-            # Not the first reply of a reset, for an open episode whose end is not in doubt: the
-            # request just reported ended the episode on the server. Everything of it is recorded
-            # except its result, which the next /reset_result brings.
-            if st.reset_pending(ended_here=not first and st.unconfirmed is None):
-                self._notify("episode_ended", wid)
-            return
-        was_pending = st.phase.pending
-        er = entry.episode_result
-        sent, st.unconfirmed = st.unconfirmed, None
-        if sent is not None and st.episode_open and er is not None \
-                and er.episode_id == st.episode_id and not entry.lock_lost:
-            # The failed request ended this episode, so it did run: record it now.
-            if sent.chunked:
-                self._abort_recording(
-                    wid,
-                    f"the server finished this episode (score {er.score:g}), but the reply to its "
-                    "last /step_chunk was lost: how many of that chunk's actions ran is unknown",
-                )
-            else:
-                self._record_executed(wid, list(sent.actions), sent.meta, chunked=False)
-        if er is not None:
-            st.episode_result = er.to_dict()
-            self.episode_results.append(er)
-            self.stats["episodes"] += 1
-            self._emit("episode_finished", {"worker_id": wid, "episode_result": st.episode_result})
-        obs: Any = entry.obs  # a decoded (mutable) dict or Observation
-        new_episode = obs is not None and (
-            first or was_pending or er is not None or entry.lock_lost or bool(_get(obs, "reset"))
-        )
-        if st.episode_open and (obs is None or new_episode):
-            # The recorded episode ended: with its result, or without one (re-queued, aborted).
-            if listener is not None:
-                listener.episode_end(wid, er, lock_lost=False)
-            st.close_episode()
-        elif er is not None:
-            # A result for an episode this client did not record to the end: a previous client's
-            # (collected on resume) or one whose recording was aborted.
-            self.stats["adopted"] += 1
-            self._notify("adopt_result", wid, er)
-        if obs is not None:
-            # Make the flag reliable for the policy: True exactly on an episode's first obs.
-            obs["reset"] = bool(new_episode)
-            st.episode_id = _get(obs, "episode_id")
-            rid = _get(obs, "robot_id")
-            if rid and (st.robot is None or st.robot.robot_id != rid):
-                try:
-                    st.robot = get_robot(rid)
-                except ValidationError:
-                    log.warning("worker %s: unknown robot_id %r (validation needs robot=)", wid, rid)
-            if listener is not None:
-                listener.observation(wid, obs)
-            st.act(obs)
-        elif st.phase is not Phase.FINISHED:
-            st.finish()
-            self._emit("worker_finished", {"worker_id": wid, "metric": st.metric})
-            if listener is not None:
-                listener.worker_finished(wid, st.metric)
-
-    def _abort_recording(self, wid: str, reason: str) -> None:
-        """The worker's open episode will not be completed: tell the listener (``episode_aborted``,
-        else ``episode_end`` without a result)."""
-        st = self._state[wid]
-        if st.episode_open and self._listener is not None:
-            fn = getattr(self._listener, "episode_aborted", None)
-            if fn is not None:
-                fn(wid, reason)
-            else:
-                self._listener.episode_end(wid, None, lock_lost=False)
-        st.close_episode()
-        st.unconfirmed = None
-
-    def _notify(self, name: str, *args: Any) -> None:
-        """Call the listener's optional method ``name`` (see :class:`StepListener`) if it has one."""
-        fn = getattr(self._listener, name, None)
-        if fn is not None:
-            fn(*args)
-
-    def _emit(self, name: str, payload: dict[str, Any]) -> None:
-        if self._on_event is not None:
-            try:
-                self._on_event(name, payload)
-            except Exception:  # a callback bug must not kill the evaluation
-                log.exception("on_event callback failed for %s", name)
 
     # ------------------------------------------------------------------ state
 
@@ -961,23 +834,6 @@ class EvalClient:
 
 
 # ---------------------------------------------------------------------- helpers
-
-
-def _get(obs: Any, key: str) -> Any:
-    if obs is None:
-        return None
-    try:
-        return obs.get(key)
-    except AttributeError:
-        return None
-
-
-def _timestep(obs: Any) -> int | None:
-    ts = _get(obs, "timestep")
-    try:
-        return None if ts is None else int(ts)
-    except (TypeError, ValueError):
-        return None
 
 
 def _meta_timing(meta: Mapping[str, Mapping[str, Any]], wid: str) -> dict[str, Any]:

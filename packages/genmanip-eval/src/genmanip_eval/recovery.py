@@ -179,21 +179,21 @@ class Recovery:
         c = self.c
         st = c._state[wid]
         eid = st.episode_id
-        c._abort_recording(wid, f"restarted: {reason}" + (f" ({detail})" if detail else ""))
+        c._fold.abort(wid, f"restarted: {reason}" + (f" ({detail})" if detail else ""))
         c.kill([wid])
         # (/reset re-creates a worker the server does not know: a restarted server's)
         data, _ = self.reset_call([wid], any_5xx=True, await_job=True)
         entry = parse_step_response(data, [wid])[wid]
         st.rearm()
         st.out.executed_steps = 0
-        c._apply_entry(wid, entry, first=True)
+        c._fold.apply(wid, entry, first=True)
         if eid is None:
             # No episode had started on this worker (its first reset was lost): nothing restarted.
             log.info("worker %s: reset again (%s)", wid, reason)
             return
         c.stats["restarts"] += 1
         log.info("worker %s: episode %s restarted (%s)", wid, eid, reason)
-        c._emit("episode_restarted", {"worker_id": wid, "episode_id": eid, "reason": reason})
+        c._fold.emit("episode_restarted", {"worker_id": wid, "episode_id": eid, "reason": reason})
 
     # -- settling failed requests -------------------------------------------------------------
 
@@ -218,7 +218,7 @@ class Recovery:
                 elif sent.chunked:
                     # Ended within the chunk, result to come: how many of the chunk's actions ran
                     # is unknown. The next client collects the result into the INCOMPLETE marker.
-                    c._abort_recording(
+                    c._fold.abort(
                         wid,
                         "stopped during this episode's last /step_chunk, which ended it on the "
                         "server: how many of that chunk's actions ran is unknown",
@@ -227,8 +227,8 @@ class Recovery:
                 else:
                     # The single action ran and ended the episode: it is recorded; the result
                     # comes with the next client's /reset_result (the worker is left resetting).
-                    c._record_executed(wid, list(sent.actions), sent.meta, chunked=False)
-                c._apply_entry(wid, entry, first=False)
+                    c._fold.executed(wid, list(sent.actions), sent.meta, chunked=False)
+                c._fold.apply(wid, entry, first=False)
                 log.info("worker %s: the interrupted request ended episode %s", wid, st.episode_id)
             except GenmanipError as exc:
                 log.warning("worker %s: cannot settle its interrupted request: %s", wid, exc)
@@ -268,7 +268,7 @@ class Recovery:
                 # The worker is resetting: the failed request ended its episode.
                 c._state[wid].unconfirmed = SentActions(tuple(per_worker[wid]), meta.get(wid) or {},
                                                         chunked)
-                c._apply_entry(wid, entry, first=False)
+                c._fold.apply(wid, entry, first=False)
 
     def recover_poll(self, exc: GenmanipError, ids: list[str]) -> None:
         # These workers are resetting as far as this client knows: "no pending reset result"
@@ -291,7 +291,7 @@ class Recovery:
                 view=view,
             )
             if entry is not None:
-                self.c._apply_entry(wid, entry, first=False)
+                self.c._fold.apply(wid, entry, first=False)
 
     def resolve(
         self, exc: GenmanipError, wid: str, reason: str, *, lost: str | None = None,
@@ -323,7 +323,7 @@ class Recovery:
                     lost = RESULT_DIED
             if lost is not None:
                 # (outside the try: a recording failure is its own error, not a network one)
-                self.c._abort_recording(wid, f"{lost} ({short})")
+                self.c._fold.abort(wid, f"{lost} ({short})")
             try:
                 self.restart(wid, reason, detail=short)
             except TransportError as err:
@@ -338,7 +338,7 @@ class Recovery:
         (``waiting_for_server`` event: ``until`` is a ``time.monotonic()`` deadline) so a progress
         line can count it down, and its end too (``server_back``)."""
         c = self.c
-        c._emit("waiting_for_server", {"worker_ids": list(c.worker_ids),
+        c._fold.emit("waiting_for_server", {"worker_ids": list(c.worker_ids),
                                        "until": time.monotonic() + self.server_wait,
                                        "reason": str(exc).split(";")[0]})
         try:
@@ -351,7 +351,7 @@ class Recovery:
         except GenmanipError as derr:
             self._mark_gone(exc, derr)
             raise exc from derr
-        c._emit("server_back", {"worker_ids": list(c.worker_ids)})
+        c._fold.emit("server_back", {"worker_ids": list(c.worker_ids)})
 
     def _mark_gone(self, exc: GenmanipError, cause: BaseException) -> None:
         """``cause`` (what waiting for the server ended with) says it is unreachable: ``exc``
@@ -389,7 +389,7 @@ class Recovery:
             if st.phase is Phase.FINISHED or view.knows(wid):
                 continue
             if st.phase is Phase.AWAITING_RESULT:
-                self.c._abort_recording(wid, f"{RESULT_DIED} ({short})")
+                self.c._fold.abort(wid, f"{RESULT_DIED} ({short})")
             try:
                 self.restart(wid, RESTARTED, detail=short)
             except TransportError as err:
