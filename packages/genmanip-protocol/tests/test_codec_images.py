@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 from genmanip_protocol.codec import JpegFrame, LegacyCodec, MsgpackCodec, decode_jpeg
-from genmanip_protocol.codec.images import decode_image, image_format
+from genmanip_protocol.codec.images import declared_size, decode_image, image_format
 from genmanip_protocol.codec.jpeg import jpeg_size
 from genmanip_protocol.errors import DecodeError
 
@@ -115,6 +115,63 @@ def test_decode_image_bounds_the_declared_size() -> None:
     assert decode_image(png, max_pixels=2000).shape == (40, 50, 3)
     assert image_format(png) == "PNG" and image_format(png, ("JPEG",)) is None
     assert image_format(b"\xff\xd8\xff\xe0") == "JPEG" and image_format(b"\xff\xd8") is None
+
+
+def _jpeg_declaring(width: int, height: int) -> bytes:
+    """A real small JPEG whose start-of-frame is rewritten to declare ``width`` x ``height``."""
+    data = bytearray(JpegFrame.encode(np.zeros((8, 8, 3), np.uint8)).data)
+    sof = data.index(b"\xff\xc0")
+    data[sof + 5 : sof + 9] = height.to_bytes(2, "big") + width.to_bytes(2, "big")
+    return bytes(data)
+
+
+def _png_declaring(width: int, height: int) -> bytes:
+    data = bytearray(H.png(4, 4))
+    data[16:24] = width.to_bytes(4, "big") + height.to_bytes(4, "big")
+    return bytes(data)
+
+
+def test_declared_size_reads_the_header_without_a_library() -> None:
+    assert declared_size(H.png(40, 50), "PNG") == (50, 40)
+    assert declared_size(JpegFrame.encode(np.zeros((24, 32, 3), np.uint8)).data, "JPEG") == (32, 24)
+    assert declared_size(_jpeg_declaring(60000, 50000), "JPEG") == (60000, 50000)
+    assert declared_size(_png_declaring(1 << 31, 3), "PNG") == (1 << 31, 3)
+    # unreadable headers: None (the decoder then reports the corrupt data), never an exception
+    jpeg = JpegFrame.encode(np.zeros((8, 8, 3), np.uint8)).data
+    sof = jpeg.index(b"\xff\xc0")
+    for bad in (b"", b"\xff\xd8\xff", jpeg[:sof + 6], b"\xff\xd8\xff\xda\x00\x08" + b"\x00" * 8,
+                b"\xff\xd8\xff\xe0\x00\x00\x00\x00", b"\xff\xd8\x00\x00\x00\x00",
+                b"\xff\xd8" + b"\xff" * 5000):
+        assert declared_size(bad, "JPEG") is None, bad[:16]
+    for bad in (b"", H.png(4, 4)[:20], b"\x89PNG\r\n\x1a\n\x00\x00\x00\x0dIHDX" + b"\x00" * 8):
+        assert declared_size(bad, "PNG") is None
+    assert declared_size(memoryview(H.png(3, 2)), "PNG") == (2, 3)
+    assert declared_size(jpeg, "GIF") is None
+
+
+@pytest.mark.parametrize("kind", ["png", "jpeg"])
+def test_a_bomb_is_refused_before_pillow_opens_it(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pillow, opening an image above ~89 Mpx, prints a DecompressionBombWarning on stderr (the
+    server chose it): the declared size is refused from the bytes before Pillow is asked."""
+    import warnings
+
+    import PIL.Image
+
+    opened: list[Any] = []
+    real_open = PIL.Image.open
+    monkeypatch.setattr(PIL.Image, "open", lambda fp, mode="r", formats=None: opened.append(1)
+                        or real_open(fp, formats=formats))
+    bomb = _png_declaring(12000, 12000) if kind == "png" else _jpeg_declaring(12000, 12000)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(DecodeError, match="exceeds the limit of 1000 pixels"):
+            decode_image(bomb, max_pixels=1000)
+        with pytest.raises(DecodeError, match="exceeds the limit"):
+            LegacyCodec().decode(_image_tag(bomb))
+        if kind == "jpeg":
+            with pytest.raises(DecodeError, match="exceeds the limit"):
+                decode_jpeg(bomb)
+    assert opened == []
 
 
 _GS_CHILD = textwrap.dedent(

@@ -24,6 +24,7 @@ __all__ = [
     "IMAGE_FORMATS",
     "JPEG_MAGIC",
     "PNG_MAGIC",
+    "declared_size",
     "decode_image",
     "image_format",
     "open_image",
@@ -79,6 +80,65 @@ def refused_format(data: bytes | bytearray | memoryview, allowed: tuple[str, ...
     return f"not a {'/'.join(allowed)} image ({_what(bytes(memoryview(data)[:16]).lstrip())})"
 
 
+#: JPEG start-of-frame markers (they carry the size): C0-CF except DHT (C4), JPG (C8), DAC (CC).
+_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+
+
+def declared_size(data: bytes | bytearray | memoryview, fmt: str) -> tuple[int, int] | None:
+    """``(width, height)`` as a PNG's IHDR or a JPEG's start-of-frame declares it, read from the
+    bytes without any library (so a limit can refuse a bomb before Pillow, which warns on
+    stderr about large images at ``open``, sees it); None when the header cannot be read (the
+    decoder then reports the corrupt data). Reads at most the markers before the first scan."""
+    buf = memoryview(data).cast("B") if not isinstance(data, bytes) else data
+    n = len(buf)
+    if fmt == "PNG":
+        if n < 24 or bytes(buf[12:16]) != b"IHDR":
+            return None
+        return int.from_bytes(buf[16:20], "big"), int.from_bytes(buf[20:24], "big")
+    if fmt != "JPEG":
+        return None
+    pos = 2  # after SOI
+    while pos + 4 <= n:
+        if buf[pos] != 0xFF:
+            return None
+        marker = buf[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD7:  # no length field
+            pos += 2
+            continue
+        if marker == 0xDA:  # start of scan: no frame header before it
+            return None
+        length = int.from_bytes(buf[pos + 2 : pos + 4], "big")
+        if length < 2:
+            return None
+        if marker in _SOF:
+            if pos + 9 > n:
+                return None
+            height = int.from_bytes(buf[pos + 5 : pos + 7], "big")
+            width = int.from_bytes(buf[pos + 7 : pos + 9], "big")
+            return width, height
+        pos += 2 + length
+    return None
+
+
+def _check_size(w: int, h: int, fmt: str, max_pixels: int, codec: str) -> None:
+    if w > MAX_IMAGE_SIDE or h > MAX_IMAGE_SIDE:
+        raise limit_error(
+            f"{fmt} image of {w}x{h} pixels exceeds the limit of {MAX_IMAGE_SIDE} per side",
+            "MAX_IMAGE_SIDE",
+            codec=codec,
+        )
+    if w * h > max_pixels:
+        raise limit_error(
+            f"{fmt} image of {w}x{h} pixels exceeds the limit of {max_pixels} pixels",
+            "MAX_JPEG_PIXELS",
+            codec=codec,
+            bound=max_pixels,
+        )
+
+
 def open_image(data: bytes | bytearray | memoryview, fmt: str, *, codec: str) -> Any:
     """``PIL.Image.open`` restricted to ``fmt`` (which the caller matched with
     :func:`image_format`). Raises :class:`DecodeError` if Pillow is missing or disagrees."""
@@ -110,29 +170,21 @@ def decode_image(
     """Decode a JPEG or PNG to a read-only array (``np.asarray`` of the Pillow image, any mode).
 
     The format is checked from the magic bytes first (anything else, EPS included, is refused
-    before Pillow sees a byte), then the declared size against ``max_pixels`` and
-    :data:`~genmanip_protocol.codec.limits.MAX_IMAGE_SIDE` before any pixel is decoded (a 400 KB
-    PNG can declare 12000x12000). Raises :class:`DecodeError` for everything else.
+    before Pillow sees a byte), then the declared size (:func:`declared_size`, again before
+    Pillow) against ``max_pixels`` and :data:`~genmanip_protocol.codec.limits.MAX_IMAGE_SIDE`,
+    and once more as Pillow reads it, before any pixel is decoded (a 400 KB PNG can declare
+    12000x12000). Raises :class:`DecodeError` for everything else.
     """
     fmt = image_format(data, allowed)
     if fmt is None:
         raise DecodeError(refused_format(data, allowed), codec=codec)
+    size = declared_size(data, fmt)
+    if size is not None:  # refused before Pillow sees the data (and warns about its size)
+        _check_size(size[0], size[1], fmt, max_pixels, codec)
     img = open_image(data, fmt, codec=codec)
     try:
         w, h = img.size
-        if w > MAX_IMAGE_SIDE or h > MAX_IMAGE_SIDE:
-            raise limit_error(
-                f"{fmt} image of {w}x{h} pixels exceeds the limit of {MAX_IMAGE_SIDE} per side",
-                "MAX_IMAGE_SIDE",
-                codec=codec,
-            )
-        if w * h > max_pixels:
-            raise limit_error(
-                f"{fmt} image of {w}x{h} pixels exceeds the limit of {max_pixels} pixels",
-                "MAX_JPEG_PIXELS",
-                codec=codec,
-                bound=max_pixels,
-            )
+        _check_size(w, h, fmt, max_pixels, codec)  # what Pillow read is what it would decode
         try:
             img.load()
             arr = np.asarray(img)

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DecodeError, EncodeError
-from .images import image_format, open_image, refused_format
+from .images import declared_size, image_format, open_image, refused_format
 from .limits import limit_error
 
 __all__ = ["MAX_JPEG_PIXELS", "decode_jpeg", "encode_jpeg", "jpeg_backend", "jpeg_size"]
@@ -114,6 +114,10 @@ def jpeg_size(data: bytes | bytearray | memoryview) -> tuple[int, int]:
         )
     if image_format(buf, _JPEG_ONLY) is None:
         raise DecodeError(refused_format(buf, _JPEG_ONLY), codec="jpeg")
+    size = declared_size(buf, "JPEG")
+    if size is not None and backend == "pillow":
+        # (read without a library: Pillow would warn on stderr about a bomb's size at open)
+        return size[1], size[0]
     try:
         if backend == "simplejpeg":
             import simplejpeg
