@@ -254,7 +254,8 @@ def schedule_ceiling(workers: int, *, step_s: float = 0.048, base_s: float = 0.0
     makes both equal. The two pipelined groups of the async runner are a schedule under this
     ceiling; W / (S + P(W)), "the bound" of the issue, is one batch for all, below it.
     """
-    # b^2 per_obs + b (S + base) ... from W (base + per_obs b) = b (S + base + per_obs b)
+    # equal ceilings: W (base + per_obs b) = b (S + base + per_obs b), i.e.
+    # per_obs b^2 + (S + base - W per_obs) b - W base = 0; its positive root, kept in [1, W]
     a, bq, c = per_obs_s, step_s + base_s - workers * per_obs_s, -workers * base_s
     b = min(float(workers), max(1.0, (-bq + (bq * bq - 4 * a * c) ** 0.5) / (2 * a)))
     rate = min(workers / (step_s + base_s + per_obs_s * b), b / (base_s + per_obs_s * b))

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ReplyFolder", "get_key", "timestep_of"]
 
+# (the client's logger: these messages are the client's, and filters on that name keep working)
 log = logging.getLogger("genmanip_eval.client")
 
 
