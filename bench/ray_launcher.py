@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         whole, steady = best[key]
         ratio = steady / max(1e-9, best["local"][1])
         mb = (batching.get(key) or {}).get("mean_batch")
-        print(f"| {name} | {whole:.1f} | {steady:.1f} | {ratio:.2f} | {mb if mb is not None else '-'} |")
+        print(f"| {name} | {whole:.1f} | {steady:.1f} | {ratio:.2f} | {f'{mb:.1f}' if mb is not None else '-'} |")
     overhead = 1.0 - best["ray"][1] / max(1e-9, best["local"][1])
     print(f"\nRay's overhead in steady state: {100 * overhead:.1f}% of steps/s (target <= 10%)")
     return 0

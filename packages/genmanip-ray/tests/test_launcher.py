@@ -12,7 +12,7 @@ import pytest
 import ray
 from genmanip_eval import EvalConfig, run_eval
 from genmanip_eval.errors import PolicyError
-from genmanip_ray.actors import Router
+from genmanip_ray.actors import Route, Router
 from genmanip_ray.launcher import RayOptions, split_groups
 from genmanip_testbed import serve_testbed
 from ray_helpers import EventLog, assert_exactly_once, run_json
@@ -167,18 +167,19 @@ def test_options_and_groups() -> None:
 
 def test_router_balances_groups_and_moves_them_off_a_dead_replica() -> None:
     r = Router()
-    r.add(0, "h0")
-    r.add(1, "h1")
-    assert r.route(0, 4) == (0, "h0")
-    assert r.route(1, 4) == (1, "h1")
-    assert r.route(2, 2) == (0, "h0")
-    assert r.route(3, 2) == (1, "h1")
-    assert r.route(0, 4) == (0, "h0")  # sticky
-    assert r.failed(0, 0) == (1, "h1")
-    assert r.failed(2, 0) == (1, "h1")  # already known dead: moved, not counted twice
+    r.add(0, "h0", "ws://a:1")
+    r.add(1, "h1", "ws://b:2")
+    r0, r1 = Route(0, "ws://a:1", "h0"), Route(1, "ws://b:2", "h1")
+    assert r.route(0, 4) == r0
+    assert r.route(1, 4) == r1
+    assert r.route(2, 2) == r0
+    assert r.route(3, 2) == r1
+    assert r.route(0, 4) == r0  # sticky
+    assert r.failed(0, 0) == r1
+    assert r.failed(2, 0) == r1  # already known dead: moved, not counted twice
     assert r.take_dead() == [0] and r.take_dead() == []
     assert r.table()["load"] == {"1": 12}
-    r.add(2, "h2")
-    assert r.failed(1, 1) == (2, "h2")
+    r.add(2, "h2", "ws://c:3")
+    assert r.failed(1, 1) == Route(2, "ws://c:3", "h2")
     r.dead.add(2)
     assert r.route(3, 2) is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -343,3 +344,43 @@ def test_hostile_server_timing_batch_size_says_nothing() -> None:
     finally:
         inf.close()
         srv.close()
+
+
+def test_trusted_network_uses_no_proxy_and_does_not_warn(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``0.0.0.0`` reaches this machine's server but is not a loopback name: an API key over
+    ``ws://`` to it warns and goes through the environment's proxy, unless the caller vouches for
+    the network (gmp's Ray actors, which talk over the cluster's own network)."""
+    from genmanip_serve import RemotePolicy, ServeOptions, serve_policy
+
+    with socket_port() as dead:  # a proxy nobody listens on
+        for var in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+            monkeypatch.setenv(var, f"http://127.0.0.1:{dead}")
+        monkeypatch.delenv("no_proxy", raising=False)
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        with serve_policy("serve_helpers:echo", options=ServeOptions(port=0, api_key="k3y")) as srv:
+            url = f"ws://0.0.0.0:{srv.port}"
+            caplog.set_level("WARNING")
+            with pytest.raises(PolicyServerUnreachable):  # through the (dead) proxy
+                RemotePolicy(url, api_key="k3y", connect_timeout=5)
+            assert any("sent over plain http:// to 0.0.0.0" in r.getMessage()
+                       for r in caplog.records), [r.getMessage() for r in caplog.records]
+            caplog.clear()
+            p = RemotePolicy(f"ws://0.0.0.0:{srv.port}/", api_key="k3y", trusted_network=True)
+            try:
+                (out,) = p.get_actions([_item("0", cameras=False)])
+                assert isinstance(out, dict)
+            finally:
+                p.close()
+            assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+@contextlib.contextmanager
+def socket_port() -> Iterator[int]:
+    """A port on 127.0.0.1 that refuses connections while the block runs (bound, not listening)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield s.getsockname()[1]

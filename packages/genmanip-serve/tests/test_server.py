@@ -143,3 +143,38 @@ def test_api_key() -> None:
         assert meta["server"] == "genmanip-serve" and isinstance(_infer(ws, make_obs(0, cameras=False)), dict)
         ws.close()
         assert json.loads(_get(s, "/stats", KEY)[1])["errors"]["auth"] == 3
+
+
+def test_on_policy_error_sees_the_policys_exception_before_its_client_does() -> None:
+    import threading
+
+    from genmanip_eval.inference import Inference
+
+    seen: list[BaseException] = []
+    events: list[str] = []
+
+    def hook(exc: BaseException) -> None:
+        events.append("hook")
+        seen.append(exc)
+        if len(seen) == 2:
+            raise RuntimeError("a broken hook")  # logged; the client still gets its frame
+
+    inference = Inference.create("serve_helpers:failing")
+    server = PolicyServer(inference, ServeOptions(port=0), on_policy_error=hook)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        ws, _ = _client(server)
+        obs = make_obs(0, cameras=False)
+        for _ in range(2):
+            reply = _infer(ws, {**obs, "instruction": "fail"})
+            events.append("frame")
+            assert isinstance(reply, str) and reply.startswith("policy-failed: ")
+        assert events == ["hook", "frame", "hook", "frame"]
+        assert all("out of cheese" in str(e) for e in seen)
+        assert isinstance(_infer(ws, obs), dict) and len(seen) == 2  # a good request: no call
+        ws.close()
+    finally:
+        server.close()
+        thread.join(timeout=10)
+        inference.close()

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -209,6 +210,8 @@ class _Driver:
         self.gpus = 0.0
         self.pending: dict[Any, tuple[str, int, int]] = {}
         self.router_info: dict[str, Any] | None = None
+        #: The replicas' servers listen on their nodes' addresses: only this run's actors get in.
+        self.api_key = secrets.token_urlsafe(24)
 
     # ------------------------------------------------------------------ start-up
 
@@ -234,12 +237,13 @@ class _Driver:
         cls = ray.remote(PolicyReplica).options(
             name=f"gmp-replica|{ray.get_runtime_context().get_job_id()}|{index}", namespace=NAMESPACE,
             num_cpus=self.opts.cpus_per_replica, num_gpus=gpus, scheduling_strategy="SPREAD",
-            # every worker's lane calls on its own (one call in flight each; a dead replica's
-            # workers move here), plus the driver's describe/stats/close
-            max_restarts=0, max_task_retries=0, max_concurrency=max(16, workers + 8),
+            # (observations come over its server's connections: its Ray methods are the driver's
+            # describe/stats and the groups' alive/last_failure)
+            max_restarts=0, max_task_retries=0, max_concurrency=8,
         )
         handle = cls.remote(index, self.cfg.policy, dict(self.cfg.policy_args),
-                            default_max_batch(self.cfg, per_replica), self.cfg.max_wait_ms)
+                            default_max_batch(self.cfg, per_replica), self.cfg.max_wait_ms,
+                            api_key=self.api_key)
         self.replicas[index] = handle
 
     def _describe_replicas(self, indices: list[int]) -> None:
@@ -255,7 +259,7 @@ class _Driver:
             self.replica_info[i] = {**info, "num_gpus": self.gpus, "num_cpus": self.opts.cpus_per_replica,
                                     "state": "alive"}
             self.policy = info
-            ray.get(self.router.add.remote(i, self.replicas[i]))
+            ray.get(self.router.add.remote(i, self.replicas[i], info["url"]))
 
     def _start_group(self, g: _Group) -> None:
         import ray
@@ -269,7 +273,7 @@ class _Driver:
                 g.actor = cls.options(
                     name=name, namespace=NAMESPACE, num_cpus=self.opts.cpus_per_actor,
                     scheduling_strategy="SPREAD", max_restarts=0, max_task_retries=0, max_concurrency=4,
-                ).remote(g.index, cfg, g.workers, self.router, self.policy)
+                ).remote(g.index, cfg, g.workers, self.router, self.policy, api_key=self.api_key)
                 break
             except ValueError:
                 # An actor of that name is alive: a previous driver's (killed, being cleaned up)
@@ -540,7 +544,7 @@ class _Driver:
             "actors": [{**h, "group": g.index, "workers": g.workers} for g in self.groups for h in g.history],
             "replicas": [{"index": i, **{k: v for k, v in info.items()
                                           if k in ("node_id", "ip", "host", "pid", "num_gpus", "num_cpus",
-                                                   "state", "batched")}}
+                                                   "state", "batched", "url")}}
                          for i, info in sorted(self.replica_info.items())],
             "placement": {"eval_actors": "SPREAD", "replicas": "SPREAD", "router": "driver's node",
                           "workers_per_actor": self.opts.workers_per_actor,
@@ -583,7 +587,8 @@ class _Driver:
                 log.debug("policy replica %d: no stats (%s)", i, exc)
                 continue
             replica_stats.append(st)
-            batching = merge_batch_stats(batching, st["batching"])
+            if st["batching"]:  # (None: its policy never loaded)
+                batching = merge_batch_stats(batching, st["batching"])
         s.batching = batching
         for g in self.groups:
             r = (g.result or {}).get("summary")

@@ -117,6 +117,9 @@ class RemotePolicy:
         ca_cert: CA bundle that signed a ``wss://`` server's certificate.
         frames: ``"auto"`` (JPEG frames travel as JPEG to a gmp server that takes them) or
             ``"raw"`` (every frame travels decoded, as a uint8 array).
+        trusted_network: the caller vouches for the network between it and ``url`` (a Ray
+            cluster's own, whose traffic is plain gRPC too): no environment proxy is used and no
+            plain-text warning is logged for an API key over ``ws://`` to another host.
 
     The constructor opens one connection (kept for the first worker) to fail early: an
     unreachable server, a refused key or a server that is not gmp's without a key map raise here.
@@ -144,6 +147,7 @@ class RemotePolicy:
         max_reply_bytes: int = _DEFAULT_REPLY_BYTES,
         ca_cert: str | None = None,
         frames: str = "auto",
+        trusted_network: bool = False,
     ) -> None:
         if frames not in _FRAMES:
             raise PolicyError(f"--policy-arg frames={frames!r}: expected one of {', '.join(_FRAMES)}")
@@ -164,12 +168,13 @@ class RemotePolicy:
         self.connect_timeout = float(connect_timeout)
         self.max_reply_bytes = int(max_reply_bytes)
         self._api_key = api_key
-        check_plain_http(f"http{url[2:]}" if parts.scheme == "ws" else url, has_token=bool(api_key),
-                         mode="warn", what="--policy")
+        if not trusted_network:
+            check_plain_http(f"http{url[2:]}" if parts.scheme == "ws" else url, has_token=bool(api_key),
+                             mode="warn", what="--policy")
         self._ssl: ssl.SSLContext | None = None
         if parts.scheme == "wss":
             self._ssl = ssl.create_default_context(cafile=ca_cert) if ca_cert else ssl.create_default_context()
-        self._proxy: Literal[True] | None = None if is_loopback_host(host) else True
+        self._proxy: Literal[True] | None = None if trusted_network or is_loopback_host(host) else True
         self._conns: dict[str, _Conn] = {}
         self._conns_lock = threading.Lock()  # the connection table (lanes call concurrently)
         self.last_timing: dict[str, dict[str, Any]] = {}

@@ -51,7 +51,7 @@ import socket
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
@@ -140,17 +140,29 @@ class PolicyServer:
         inference: the policy (:meth:`genmanip_eval.inference.Inference.create`).
         options: see :class:`ServeOptions`.
         policy: the ``--policy`` spec, reported in the metadata.
+        on_policy_error: called with the exception of every request whose policy call failed,
+            before its client gets the ``policy-failed`` text frame (which carries only the
+            message): gmp's Ray replicas keep it, so that an eval actor re-raises the user's
+            error with its hint and exit code.
 
     Raises:
         ServeConfigError: a bad option, or the address cannot be bound.
     """
 
-    def __init__(self, inference: Inference, options: ServeOptions = ServeOptions(), *, policy: str = "") -> None:
+    def __init__(
+        self,
+        inference: Inference,
+        options: ServeOptions = ServeOptions(),
+        *,
+        policy: str = "",
+        on_policy_error: Callable[[BaseException], None] | None = None,
+    ) -> None:
         if options.max_message_bytes < 1024:
             raise ServeConfigError(f"max message size {options.max_message_bytes} bytes is too small")
         self.inference = inference
         self.options = options
         self.policy = policy or inference.name
+        self._on_policy_error = on_policy_error
         self._stats = _Stats()
         self._lock = threading.Lock()
         self._conn_ids = itertools.count(1)
@@ -315,9 +327,11 @@ class PolicyServer:
                     self._error(ws, "server-closing", "the policy server is shutting down")
                     return
                 except GenmanipError as exc:
+                    self._policy_failed(exc)
                     self._error(ws, "policy-failed", str(exc))
                     continue
                 except Exception as exc:  # the policy's failure goes to its client
+                    self._policy_failed(exc)
                     self._error(ws, "policy-failed", f"{type(exc).__name__}: {exc}")
                     continue
                 timing: dict[str, Any] = {
@@ -342,6 +356,14 @@ class PolicyServer:
             self._dropped.extend(sorted(workers))
             with self._lock:
                 self._stats.connections -= 1
+
+    def _policy_failed(self, exc: BaseException) -> None:
+        if self._on_policy_error is None:
+            return
+        try:
+            self._on_policy_error(exc)
+        except Exception as hook_exc:  # the client still gets its error frame
+            log.warning("on_policy_error raised %s: %s", type(hook_exc).__name__, hook_exc)
 
     def _wait(self, fut: Any) -> Any:
         while True:
