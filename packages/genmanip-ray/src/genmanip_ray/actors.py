@@ -435,21 +435,18 @@ class EvalGroup:
         cfg: the run's config (results root absolute; ``run_id`` set when resuming or taking over).
         worker_ids: this group's worker ids.
         router: the router actor's handle.
-        policy: the replicas' :meth:`PolicyReplica.describe` (which calls the policy offers).
         api_key: the run's key of the replicas' servers.
+
+    Created while the replicas load the policy; :meth:`run` gets their description.
     """
 
-    def __init__(self, index: int, cfg: EvalConfig, worker_ids: list[str], router: Any,
-                 policy: dict[str, Any], *, api_key: str) -> None:
+    def __init__(self, index: int, cfg: EvalConfig, worker_ids: list[str], router: Any, *,
+                 api_key: str) -> None:
         self.index = index
         self.worker_ids = list(worker_ids)
         self.cfg = cfg
-        if cfg.max_wait_ms is None and not policy.get("batched"):
-            # A per-worker policy: the replica serves items one by one, waiting only idles it.
-            self.cfg = replace(cfg, max_wait_ms=0.0)
-        self.remote = RoutedPolicy.create(index, len(worker_ids), router, api_key,
-                                          has_action=bool(policy.get("has_action")),
-                                          has_chunk=bool(policy.get("has_chunk")))
+        self._router = router
+        self._api_key = api_key
         self._events: deque[tuple[str, dict[str, Any]]] = deque()
         self._cv = threading.Condition()
         self._stop = threading.Event()
@@ -475,27 +472,37 @@ class EvalGroup:
         """End the run at the lanes' next step boundary (the driver's Ctrl-C, --max-episodes)."""
         self._stop.set()
 
-    def run(self) -> dict[str, Any]:
+    def run(self, policy: dict[str, Any]) -> dict[str, Any]:
         """Run the group to the end: ``{"summary": RunSummary fields, "reroutes"}`` or
-        ``{"error": ...}``. Started once (never retried: it steps the simulator)."""
-        inference = Inference.wrap(self.remote, name=self.cfg.policy)
+        ``{"error": ...}``. Started once (never retried: it steps the simulator).
+
+        ``policy``: the replicas' :meth:`PolicyReplica.describe` (which calls the policy offers).
+        """
+        cfg = self.cfg
+        if cfg.max_wait_ms is None and not policy.get("batched"):
+            # A per-worker policy: the replica serves items one by one, waiting only idles it.
+            cfg = replace(cfg, max_wait_ms=0.0)
+        remote = RoutedPolicy.create(
+            self.index, len(self.worker_ids), self._router, self._api_key,
+            has_action=bool(policy.get("has_action")), has_chunk=bool(policy.get("has_chunk")))
+        inference = Inference.wrap(remote, name=cfg.policy)
         try:
-            self.remote.replica()  # routed now: the router's table names every group
+            remote.replica()  # routed now: the router's table names every group
             # (the driver ends the run.json segment once, for every actor and generation: this
             # group's summary is only its share)
-            summary = run_workers(self.cfg, self.worker_ids, emit=self._emit, stop=self._stop,
+            summary = run_workers(cfg, self.worker_ids, emit=self._emit, stop=self._stop,
                                   inference=inference, segment_outcome=False)
         except KeyboardInterrupt:
             return {"error": {"type": "KeyboardInterrupt", "message": "interrupted", "hint": None,
-                              "exit_code": 130}, "reroutes": self.remote.reroutes}
+                              "exit_code": 130}, "reroutes": remote.reroutes}
         except BaseException as exc:  # reported to the driver, which names the group
             import traceback
 
             payload = _error_payload(exc)
             if not isinstance(exc, GenmanipError):
                 payload["traceback"] = traceback.format_exc()
-            return {"error": payload, "reroutes": self.remote.reroutes}
-        return {"summary": asdict(summary), "reroutes": self.remote.reroutes}
+            return {"error": payload, "reroutes": remote.reroutes}
+        return {"summary": asdict(summary), "reroutes": remote.reroutes}
 
 
 def default_max_batch(cfg: EvalConfig, workers: int) -> int:

@@ -261,7 +261,8 @@ class _Driver:
             self.policy = info
             ray.get(self.router.add.remote(i, self.replicas[i], info["url"]))
 
-    def _start_group(self, g: _Group) -> None:
+    def _create_group(self, g: _Group) -> None:
+        """Create group ``g``'s eval actor (a new generation) once its name is free."""
         import ray
 
         cfg = self.cfg if self.run_id is None else replace(self.cfg, run_id=self.run_id)
@@ -273,7 +274,7 @@ class _Driver:
                 g.actor = cls.options(
                     name=name, namespace=NAMESPACE, num_cpus=self.opts.cpus_per_actor,
                     scheduling_strategy="SPREAD", max_restarts=0, max_task_retries=0, max_concurrency=4,
-                ).remote(g.index, cfg, g.workers, self.router, self.policy, api_key=self.api_key)
+                ).remote(g.index, cfg, g.workers, self.router, api_key=self.api_key)
                 break
             except ValueError:
                 # An actor of that name is alive: a previous driver's (killed, being cleaned up)
@@ -286,6 +287,11 @@ class _Driver:
                     ) from None
                 time.sleep(0.5)
         g.generation += 1
+
+    def _placed(self, g: _Group) -> None:
+        """Wait for group ``g``'s new actor to be up; record where it runs."""
+        import ray
+
         try:
             g.info = {**ray.get(g.actor.where.remote(), timeout=REPLICA_LOAD_S), "generation": g.generation}
         except Exception as exc:  # it died at once: the run loop sees it
@@ -316,12 +322,16 @@ class _Driver:
         self.pending = pending
         ended = interrupted = False
         try:
+            # Every actor's process starts at once (each costs a Python start and gmp's imports,
+            # ~1 s on 2 cores): the eval actors come up while the replicas load the policy.
             for i in range(self.opts.policy_replicas):
                 self._start_replica(i)
+            for g in self.groups:
+                self._create_group(g)
             self._describe_replicas(list(range(self.opts.policy_replicas)))
             for g in self.groups:
-                self._start_group(g)
-                pending[g.actor.run.remote()] = ("run", g.index, g.generation)
+                self._placed(g)
+                pending[g.actor.run.remote(self.policy)] = ("run", g.index, g.generation)
                 pending[g.actor.next_events.remote()] = ("events", g.index, g.generation)
             self._record_cluster()
             self._loop(pending)
@@ -425,8 +435,9 @@ class _Driver:
                     g.index, ",".join(g.workers), reason)
         self.say("takeover", {"group": g.index, "workers": list(g.workers), "reason": reason,
                               "generation": g.generation + 1})
-        self._start_group(g)
-        pending[g.actor.run.remote()] = ("run", g.index, g.generation)
+        self._create_group(g)
+        self._placed(g)
+        pending[g.actor.run.remote(self.policy)] = ("run", g.index, g.generation)
         pending[g.actor.next_events.remote()] = ("events", g.index, g.generation)
         self._record_cluster()
 
