@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import logging
+import pickle
 import threading
 import time
 from typing import Any
@@ -151,6 +152,48 @@ def test_error_replies_latency_and_runtime_change() -> None:
         raw.close()
 
 
+def test_latency_is_the_servers_time_with_its_work_inside() -> None:
+    """The work is done when the request arrives and the reply leaves ``latency`` after it (with
+    the server-timing header saying so), so four simultaneous steps all come back at ``latency``:
+    the testbed's own work does not queue on top of it, as the real server's workers step in
+    parallel."""
+    with serve_testbed(tasks=("testbed/reach",)) as tb:
+        raws = [Raw(tb.url) for _ in range(4)]
+        ids = [str(i) for i in range(4)]
+        raws[0].pickle_post("/reset", {"worker_ids": ids})
+        poll_reset(raws[0], ids)
+        tb.set_faults("latency=1s")
+        before = tb.stats.snapshot()["steps_by_worker"]
+        replies: dict[str, tuple[float, float]] = {}
+
+        def step(i: int) -> None:
+            t0 = time.perf_counter()
+            st, headers, _ = raws[i].request(
+                "POST", "/step", pickle.dumps({ids[i]: ZERO}), ctype="application/octet-stream")
+            assert st == 200
+            replies[ids[i]] = (time.perf_counter() - t0, float(headers["x-genmanip-server-ms"]))
+
+        threads = [threading.Thread(target=step, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        # every step is executed long before any reply leaves
+        deadline = time.monotonic() + 0.8
+        while True:
+            executed = tb.stats.snapshot()["steps_by_worker"]
+            done = all(executed.get(w, 0) == before.get(w, 0) + 1 for w in ids)
+            if done or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        assert done and not replies, (before, executed, replies)
+        for t in threads:
+            t.join(30)
+        assert sorted(replies) == ids
+        for wall, server_ms in replies.values():
+            assert wall >= 1.0 and server_ms >= 1000.0
+        for r in raws:
+            r.close()
+
+
 def test_worker_death_requeues_the_seed() -> None:
     with serve_testbed(tasks=("testbed/smoke",), faults="die_worker=0@3") as tb:
         raw = Raw(tb.url)
@@ -202,19 +245,29 @@ def test_shutdown_is_prompt_with_stalled_resets_nobody_killed() -> None:
     assert time.monotonic() - t0 < 10.0
 
 
-def test_shutdown_ends_injected_latency_with_a_503_not_a_cancelled_request(
-    caplog: pytest.LogCaptureFixture,
+@pytest.mark.parametrize(
+    ("faults", "status"),
+    [
+        # the work is done (a reset started): its reply, due in a minute, goes at once
+        ("latency=60s,routes=reset", 200),
+        # no work to answer with: the wait for the injected error is cut short with a 503
+        ("latency=60s,error_rate=1,errors=500,routes=reset", 503),
+    ],
+)
+def test_shutdown_answers_a_request_in_a_long_latency_at_once(
+    caplog: pytest.LogCaptureFixture, faults: str, status: int
 ) -> None:
-    """A request sleeping in a long injected latency is answered 503 when the testbed closes,
-    promptly, instead of being cancelled by uvicorn (which logs a traceback per request)."""
+    """A request in a long injected latency is answered promptly when the testbed closes,
+    instead of being cancelled by uvicorn (which logs a traceback per request)."""
     replies: list[int] = []
     uvicorn_log = logging.getLogger("uvicorn.error")  # (uvicorn's loggers do not propagate)
-    with serve_testbed(tasks=("testbed/smoke",), faults="latency=60s,routes=reset") as tb:
+    with serve_testbed(tasks=("testbed/smoke",), faults=faults) as tb:
         uvicorn_log.addHandler(caplog.handler)
         raw = Raw(tb.url)
 
         def call() -> None:
-            replies.append(raw.request("POST", "/reset", b"", ctype="application/octet-stream")[0])
+            body = pickle.dumps({"worker_ids": ["0"]})
+            replies.append(raw.request("POST", "/reset", body, ctype="application/octet-stream")[0])
 
         t = threading.Thread(target=call)
         t.start()
@@ -224,7 +277,7 @@ def test_shutdown_ends_injected_latency_with_a_503_not_a_cancelled_request(
     uvicorn_log.removeHandler(caplog.handler)
     t.join(10)
     assert time.monotonic() - t0 < 1.5
-    assert replies == [503]
+    assert replies == [status]
     assert "Exception in ASGI application" not in caplog.text
     assert "graceful shutdown exceeded" not in caplog.text
 

@@ -590,18 +590,25 @@ def _abort_connection(receive: Receive) -> bool:
 
 
 class _Faults:
-    """Injects the configured faults into eval routes (see :mod:`genmanip_testbed.faults`)."""
+    """Injects the configured faults into eval routes (see :mod:`genmanip_testbed.faults`).
+
+    ``latency`` is the server's time per request, its own work included: the work is done when
+    the request arrives and the reply leaves ``latency`` after that, as the real server's
+    workers compute in parallel (~48 ms an action). Sleeping first and working after added the
+    testbed's own work, serialized under its GIL, to every request of a burst: four simultaneous
+    ``/step`` replies came 3 to 12 ms late. A request that gets no work (an error, a reset
+    before) gets its failure at the same time.
+    """
 
     def __init__(self, app: ASGIApp, server: LocalServer) -> None:
         self.app = app
         self.server = server
 
-    async def _delay(self, seconds: float) -> bool:
-        """Sleep ``seconds``; False if the server began shutting down meanwhile."""
+    async def _until(self, due: float) -> bool:
+        """Sleep until ``due`` (monotonic); False if the server began shutting down meanwhile."""
         stopping = self.server.stopping
-        end = time.monotonic() + seconds
         while not stopping.is_set():
-            left = end - time.monotonic()
+            left = due - time.monotonic()
             if left <= 0:
                 return True
             await asyncio.sleep(min(left, 0.05))
@@ -612,11 +619,14 @@ class _Faults:
         if scope["type"] != "http" or not _is_eval_path(path):
             await self.app(scope, receive, send)
             return
+        due = time.monotonic()
         d = self.server.faults.decide(_route_name(path))
         stats = self.server.stats
         if d.latency_s:
             stats.add("faults", "latency")
-            if not await self._delay(d.latency_s):
+            due += d.latency_s
+        if d.error is not None or d.reset_before:
+            if not await self._until(due):
                 await _json_error(503, "Service Unavailable (the testbed is shutting down)")(
                     scope, receive, send
                 )
@@ -647,11 +657,22 @@ class _Faults:
 
             # The work is done, then the connection dies before any byte of the reply.
             await self.app(scope, receive, swallow)
+            await self._until(due)
             _abort_connection(receive)
             stats.add("faults", "reset_after")
             await asyncio.sleep(0.01)
             return
-        await self.app(scope, receive, send)
+        if not d.latency_s:
+            await self.app(scope, receive, send)
+            return
+
+        async def held(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                # (shutting down: the work is done, so its reply goes now rather than a 503)
+                await self._until(due)
+            await send(message)
+
+        await self.app(scope, receive, held)
 
 
 def build_asgi_app(

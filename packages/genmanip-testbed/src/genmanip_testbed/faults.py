@@ -7,7 +7,9 @@ die_worker=1@30,seed=7``.
 =================  ==========================================================================
 key                meaning
 =================  ==========================================================================
-``latency``        added delay per faulted request (``20ms``, ``0.02s``, ``0.02``)
+``latency``        the server's time per faulted request, its own work included: the work is done
+                   on arrival, the reply (or the failure) leaves that long after (``20ms``,
+                   ``0.02s``, ``0.02``)
 ``error_rate``     probability of replying with an error status instead of doing the work
 ``errors``         the statuses to pick from (``500|503|504``; default ``500|503``)
 ``reset_before``   probability of dropping the connection (TCP RST, no reply) before the work
