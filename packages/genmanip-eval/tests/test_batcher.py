@@ -90,6 +90,31 @@ def test_a_participant_that_stays_away_is_not_waited_for() -> None:
         b.close()
 
 
+def test_a_participant_that_says_it_is_away_is_not_waited_for_at_all() -> None:
+    """A lane whose episode ended says so (``away``): its group's next batch goes at once, not
+    after its due window (3 s here), and its reset does not count as a usual absence."""
+    log: list[list[Any]] = []
+    b: Batcher[Any] = Batcher(_doubling(log), max_batch=8, max_wait_s=30.0, slack_s=3.0)
+    b.attach("stays")
+    b.attach("resets")
+    try:
+        for i in range(3):  # both get a history of short absences
+            fs = [b.submit(i, "stays"), b.submit(i, "resets")]
+            for f in fs:
+                f.result(10)
+        b.away("resets")
+        t0 = time.monotonic()
+        assert b(7, "stays").value == 14
+        assert time.monotonic() - t0 < 1.0  # (its due window is 3 s)
+        time.sleep(0.2)
+        assert b(8, "resets").value == 16
+        assert log[-2:] == [[7], [8]]
+        history = list(b._members["resets"].absences)  # (white box: the usual absence kept)
+        assert len(history) == 2 and max(history) < 0.2, history
+    finally:
+        b.close()
+
+
 def test_a_failing_call_fails_its_batch_and_the_batcher_goes_on() -> None:
     calls = 0
 

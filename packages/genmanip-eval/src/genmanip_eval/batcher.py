@@ -9,7 +9,8 @@ decide, whenever the policy is free, whether to wait for more:
 * a full batch (``max_batch``) goes at once;
 * otherwise it waits for the participants that are *due*: away for less than their usual absence
   (times a margin). A participant that is not due — resetting for seconds, behind a slow reply,
-  gone — is not waited for, so one slow worker never holds the others;
+  gone — is not waited for, so one slow worker never holds the others (a lane whose episode
+  ended says so at once, :meth:`Batcher.away`: its reset is no usual absence);
 * never longer than ``max_wait_s`` after the oldest waiting request arrived or the policy became
   free, whichever is later (requests that queued during a call get the same chance as the
   participants the call's results are just releasing);
@@ -223,6 +224,21 @@ class Batcher(Generic[T]):
         """Participant ``key`` leaves: nobody waits for it any more."""
         with self._cv:
             self._members.pop(key, None)
+            self._cv.notify_all()
+
+    def away(self, key: Any) -> None:
+        """Participant ``key`` is away for longer than usual from now on (its episode ended: a
+        reset, which takes seconds on the real server): nobody waits for it until its next
+        request, which is not counted as a usual absence and joins the smaller of two groups.
+
+        Without this the batcher learns it only once the participant stays away past its due
+        time (1.5 usual absences): the others of its group waited that long at every episode
+        boundary.
+        """
+        with self._cv:
+            member = self._members.get(key)
+            if member is not None:
+                member.released = None
             self._cv.notify_all()
 
     def submit(self, item: Any, key: Any = None) -> Future[BatchOutcome[T]]:
@@ -443,6 +459,9 @@ class Unbatched(Generic[T]):
         """(Nothing to learn: every call goes at once.)"""
 
     def detach(self, key: Any) -> None:
+        """(See :meth:`attach`.)"""
+
+    def away(self, key: Any) -> None:
         """(See :meth:`attach`.)"""
 
     def __call__(self, item: Any, key: Any = None) -> BatchOutcome[T]:

@@ -205,6 +205,7 @@ class Lane:
                     "batch_size": meta.get("batch_size"),
                 })
                 if entries[wid]["obs"] is None and not client.done:
+                    self._batcher.away(wid)  # resetting: its group's next batch goes without it
                     entries = client.poll()
             finally:
                 self.stepping = False
