@@ -39,6 +39,17 @@ class EventLog:
         with self._cv:
             return sum(int(p["n"]) for k, p in self.events if k == "steps")
 
+    def into_episode(self, worker_id: str) -> int:
+        """Steps ``worker_id`` reported since its last ended episode (since the start if none)."""
+        with self._cv:
+            n = 0
+            for k, p in self.events:
+                if k == "episode" and str(p.get("worker_id")) == worker_id:
+                    n = 0
+                elif k == "steps" and str(p.get("worker_id")) == worker_id:
+                    n += int(p["n"])
+            return n
+
     def wait(self, cond: Callable[[], bool], timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
         with self._cv:
