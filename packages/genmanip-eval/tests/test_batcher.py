@@ -69,16 +69,20 @@ def test_participants_that_step_at_the_same_pace_share_batches() -> None:
         b.close()
 
 
+def _history(b: Batcher[Any], *keys: str, rounds: int = 3) -> None:
+    """Every key submits together ``rounds`` times: each gets a history of short absences."""
+    for i in range(rounds):
+        for f in [b.submit(i, k) for k in keys]:
+            f.result(10)
+
+
 def test_a_participant_that_stays_away_is_not_waited_for() -> None:
     log: list[list[Any]] = []
     b: Batcher[Any] = Batcher(_doubling(log), max_batch=8, max_wait_s=30.0, slack_s=0.2)
     b.attach("fast")
     b.attach("slow")
     try:
-        for i in range(3):  # both get a history of short absences
-            fs = [b.submit(i, "fast"), b.submit(i, "slow")]
-            for f in fs:
-                f.result(10)
+        _history(b, "fast", "slow")  # both get a history of short absences
         # "slow" is now away (a long reset): "fast" waits for it at most its due window once,
         # then not at all.
         t0 = time.monotonic()
@@ -98,10 +102,7 @@ def test_a_participant_that_says_it_is_away_is_not_waited_for_at_all() -> None:
     b.attach("stays")
     b.attach("resets")
     try:
-        for i in range(3):  # both get a history of short absences
-            fs = [b.submit(i, "stays"), b.submit(i, "resets")]
-            for f in fs:
-                f.result(10)
+        _history(b, "stays", "resets")  # both get a history of short absences
         b.away("resets")
         t0 = time.monotonic()
         assert b(7, "stays").value == 14

@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 import pytest
-from _tbhelpers import Raw, poll_reset
+from _tbhelpers import OCTET, Raw, poll_reset
 from genmanip_testbed import FaultSpec, FaultSpecError, parse_fault_spec, serve_testbed
 from genmanip_testbed.faults import FaultState
 
@@ -169,7 +169,7 @@ def test_latency_is_the_servers_time_with_its_work_inside() -> None:
         def step(i: int) -> None:
             t0 = time.perf_counter()
             st, headers, _ = raws[i].request(
-                "POST", "/step", pickle.dumps({ids[i]: ZERO}), ctype="application/octet-stream")
+                "POST", "/step", pickle.dumps({ids[i]: ZERO}), ctype=OCTET)
             assert st == 200
             replies[ids[i]] = (time.perf_counter() - t0, float(headers["x-genmanip-server-ms"]))
 
@@ -267,7 +267,7 @@ def test_shutdown_answers_a_request_in_a_long_latency_at_once(
 
         def call() -> None:
             body = pickle.dumps({"worker_ids": ["0"]})
-            replies.append(raw.request("POST", "/reset", body, ctype="application/octet-stream")[0])
+            replies.append(raw.request("POST", "/reset", body, ctype=OCTET)[0])
 
         t = threading.Thread(target=call)
         t.start()
