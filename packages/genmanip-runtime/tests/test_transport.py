@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from genmanip_protocol.errors import ConfigError, DecodeError, ExitCode
+from genmanip_runtime import _connection
 from genmanip_runtime import transport as transport_mod
 from genmanip_runtime.errors import (
     AuthError,
@@ -198,7 +199,7 @@ def test_reconnects_after_server_closed_idle_connection(idle_server: _Server) ->
 
 
 def test_reconnects_proactively_after_long_idle(server: _Server, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(transport_mod, "IDLE_RECONNECT_S", 0.05)
+    monkeypatch.setattr(_connection, "IDLE_RECONNECT_S", 0.05)  # read by each call's prepare()
     with HttpTransport(server.url) as t:
         p1 = t.get("/echo").json()["port"]
         time.sleep(0.1)
@@ -626,7 +627,7 @@ def test_an_endless_body_stops_at_the_limit(scripted: _Scripted, kind: str) -> N
             t.get("/status", max_reply_bytes=2 * 1024 * 1024)
         assert time.monotonic() - t0 < 5
         assert ei.value.declared is None and ei.value.limit == 2 * 1024 * 1024
-        assert t._conn is None  # the rest of the body is never read: the connection is dropped
+        assert t._connection.http is None  # the rest of the body is never read: the connection is dropped
         scripted.script = _send(_OK)
         assert t.get("/status").json() == {"ok": True}
 
@@ -692,9 +693,9 @@ def test_switching_protocols_is_an_error_and_drops_the_connection(scripted: _Scr
             t.get("/protocol")
         assert ei.value.status == 101 and ei.value.maybe_executed
         assert "interim reply" in str(ei.value) and "GenManip eval server" in str(ei.value)
-        assert t._conn is None
+        assert t._connection.http is None
         r = t.get("/protocol", raise_for_status=False)  # inspected by the caller, never reused
-        assert r.status == 101 and t._conn is None
+        assert r.status == 101 and t._connection.http is None
 
 
 @pytest.mark.parametrize("code", [301, 302, 303, 307, 308])
@@ -779,3 +780,43 @@ def test_bad_timeouts_and_limits_are_config_errors() -> None:
             HttpTransport("http://127.0.0.1:9").get("/x", timeout=bad)
     with pytest.raises(ConfigError):
         HttpTransport("http://127.0.0.1:9", max_reply_bytes=-1)
+
+
+def test_one_exchange_path_tells_a_request_and_an_upload_apart(scripted: _Scripted, tmp_path) -> None:
+    # Requests and uploads share one exchange path; what a failure says still depends on which.
+    f = tmp_path / "run.zip"
+    f.write_bytes(b"z" * 5000)
+    scripted.script = _send(b"")  # reads the request, closes without a reply byte
+    with HttpTransport(scripted.url, timeout=5) as t:
+        with pytest.raises(TransportError) as ei:
+            t.post("/step", body=b"x", route_name="/step")
+        assert str(ei.value) == (f"POST /step: connection to {t.base_url} lost before a reply "
+                                 "(server closed the connection without replying)")
+        assert ei.value.sent and ei.value.maybe_executed
+        assert ei.value.hint == "the server may have executed the request; it was not resent"
+        with pytest.raises(TransportError) as ei:
+            t.request_multipart("/api/upload", {"a": "b"}, {"file": ("run.zip", f, "application/zip")})
+        total = ei.value.message.split(" of ")[1].split(" ")[0]
+        assert str(ei.value) == (f"POST /api/upload: upload to {t.base_url} failed after {total} of "
+                                 f"{total} bytes (server closed the connection without replying)")
+        assert ei.value.sent and ei.value.maybe_executed and ei.value.hint is None
+        assert not isinstance(ei.value, RequestTimeout) and int(total) > 5000
+    assert scripted.requests == 2  # neither was resent
+
+
+def test_names_importable_from_transport_stay_importable() -> None:
+    # Other packages import these from genmanip_runtime.transport; they live in private rooms now.
+    from genmanip_runtime import _connection, _reply
+    from genmanip_runtime.transport import (
+        DEFAULT_MAX_REPLY_BYTES,
+        IDLE_RECONNECT_S,
+        Response,
+        build_base_url,
+        reply_json,
+    )
+
+    assert Response is _reply.Response and reply_json is _reply.reply_json
+    assert IDLE_RECONNECT_S == _connection.IDLE_RECONNECT_S == 4.0
+    assert DEFAULT_MAX_REPLY_BYTES == 512 * 1024 * 1024 and callable(build_base_url)
+    assert transport_mod.__all__ == ["DEFAULT_MAX_REPLY_BYTES", "HttpTransport", "Response",
+                                     "build_base_url", "reply_json"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.server
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from genmanip_protocol.errors import ExitCode
@@ -31,6 +32,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+
+    def do_POST(self) -> None:  # an upload: its body is read, then answered as a GET would be
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        self.do_GET()
 
     def log_message(self, format: str, *args: object) -> None:
         pass
@@ -93,6 +98,26 @@ def test_the_auth_hint_names_the_token_variable(server: str, token: str | None, 
             pytest.raises(AuthError) as ei:
         t.get("/auth")
     assert ei.value.hint == hint and ei.value.exit_code == ExitCode.AUTH
+
+
+def test_an_upload_is_told_as_a_request_is(server: str, tmp_path: Path) -> None:
+    # (one shared path: an upload's 401 names the token variable, and "not the service" is said
+    # in full once per transport, then briefly)
+    f = tmp_path / "run.zip"
+    f.write_bytes(b"PK" + b"x" * 1000)
+    with HttpTransport(f"http://{server}", token_env="GMP_TOKEN") as t, pytest.raises(AuthError) as ei:
+        t.request_multipart("/auth", {"a": "b"}, {"file": ("run.zip", f, "application/zip")})
+    assert ei.value.hint is not None and ei.value.hint.startswith(
+        "the server wants a token and none was sent: set $GMP_TOKEN")
+    with HttpTransport(f"http://{server}", service=SERVICE) as t:
+        with pytest.raises(HTTPStatusError) as ei2:
+            t.get("/status")
+        assert "titled 'gmp viz'" in str(ei2.value)
+        with pytest.raises(HTTPStatusError) as ei2:
+            t.request_multipart("/upload", {}, {"file": ("run.zip", f, "application/zip")})
+        assert str(ei2.value) == (f"POST /upload failed: HTTP 404 (the server at http://{server} is "
+                                  "not a GenManip eval server)")
+        assert ei2.value.hint is None
 
 
 def test_the_auth_hint_without_a_variable_name(server: str) -> None:
