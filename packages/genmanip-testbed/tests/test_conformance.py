@@ -462,6 +462,25 @@ def test_lock_lost_after_three_failed_refreshes(raw_factory: Any) -> None:
         assert tb.stats.steps_by_worker["0"] == 1
 
 
+def test_a_lock_made_again_by_another_process_is_lost(raw_factory: Any) -> None:
+    # Removed and made again at once, the new file often gets the old inode (ext4): the testbed
+    # must still see that the lock there is no longer its own.
+    with serve_testbed(tasks=("testbed/smoke",), run_id="lk2") as tb:
+        raw = raw_factory(tb.url)
+        raw.pickle_post("/reset", {"worker_ids": ["0"]})
+        poll_reset(raw, ["0"])
+        lock = tb.run_dir / "testbed/smoke/red_block_easy/000.lock"
+        mine = json.loads(lock.read_text())
+        lock.unlink()
+        lock.write_text(json.dumps({**mine, "pid": mine["pid"] + 1, "host": "elsewhere"}))
+        st, resp = raw.pickle_post("/step", {"0": _zero_action()})
+        assert st == 200 and "lock_lost" not in resp["0"]
+        st, resp = raw.pickle_post("/step", {"0": _zero_action()})
+        assert st == 200 and resp["0"]["lock_lost"] is True
+        # (and the other process's lock is left alone)
+        assert json.loads(lock.read_text())["host"] == "elsewhere"
+
+
 def test_chunk_stops_at_episode_end(raw_factory: Any) -> None:
     with serve_testbed(tasks=("testbed/smoke",), num_steps=5) as tb:
         raw = raw_factory(tb.url)
