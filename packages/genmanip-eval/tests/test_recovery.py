@@ -59,7 +59,7 @@ def _interrupt_then_hand_over(
     client applies the reply (``parser`` raises); then ``close()``. A reset still under way
     (``reset_delay`` > 1 s) must leave the worker unkilled for the next client, which collects
     the result."""
-    import genmanip_eval.client as client_mod
+    import genmanip_eval.stepping as stepping_mod  # (the step path's parsers live there)
 
     kills = tb.stats.requests.get("/kill", 0)
     tb.server.core.cfg.reset_delay = reset_delay
@@ -67,7 +67,7 @@ def _interrupt_then_hand_over(
     def interrupted(*args: Any, **kwargs: Any) -> Any:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(client_mod, parser, interrupted)
+    monkeypatch.setattr(stepping_mod, parser, interrupted)
     with pytest.raises(KeyboardInterrupt):
         c.step(actions)
     monkeypatch.undo()

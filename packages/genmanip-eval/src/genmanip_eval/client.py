@@ -33,28 +33,19 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any, ParamSpec, Protocol, TypeVar
 
-from genmanip_protocol.errors import GenmanipError
 from genmanip_protocol.robots import RobotSpec
-from genmanip_protocol.schema import (
-    EpisodeResult,
-    WorkerEntry,
-    parse_chunk_response,
-    parse_step_response,
-    validate_action,
-)
+from genmanip_protocol.schema import EpisodeResult
 from genmanip_runtime.config import resolve_token
-from genmanip_runtime.errors import ConnectError, HTTPStatusError, RequestAborted
-from genmanip_runtime.retry import Backoff, retry_call
+from genmanip_runtime.errors import RequestAborted
+from genmanip_runtime.retry import Backoff
 from genmanip_runtime.transport import HttpTransport
 
-from .actions import normalize_step_input
-from .chunks import ChunkFanOut, raise_failures
-from .errors import GenmanipEvalError, Interrupted, ResetTimeout, StepError
+from .chunks import ChunkFanOut
+from .errors import GenmanipEvalError, Interrupted
 from .options import (
     DEFAULT_TIMEOUTS,
     DEFAULT_URL,
@@ -65,10 +56,12 @@ from .options import (
     options_from_reference,
     parse_worker_ids,
 )
-from .recovery import Recovery, step_error
-from .replies import ReplyFolder, timestep_of
-from .wire import RETRY_DEADLINE_S, Wire, server_ms
-from .worker import Phase, SentActions, StepTiming, WorkerState
+from .recovery import Recovery
+from .replies import ReplyFolder
+from .resets import ResetPoller
+from .stepping import Stepper
+from .wire import RETRY_DEADLINE_S, Wire
+from .worker import Phase, StepTiming, WorkerState
 
 __all__ = ["DEFAULT_TIMEOUTS", "DEFAULT_URL", "EvalClient", "StepListener", "StepTiming"]
 
@@ -300,19 +293,25 @@ class EvalClient:
             "restarts": 0,
             "adopted": 0,
         }
+        # The client is a facade over its rooms, which share the workers' states (not copies):
+        # Wire (every request), Recovery (failed requests), ChunkFanOut, ReplyFolder (replies into
+        # state), ResetPoller (reset, poll, close's kill; whether reset() ran) and Stepper (step).
         self._wire = Wire(self.connection_options, requests=self.stats["requests"],
                           new_backoff=_backoff)
         self._recovery = Recovery(self)
         self._chunks = ChunkFanOut(len(self.worker_ids), parallel=step.parallel_chunks)
         self._state: dict[str, WorkerState] = {w: WorkerState(w) for w in self.worker_ids}
         self._fold = ReplyFolder(self._state, stats=self.stats, listener=listener, on_event=on_event)
-        self._started = False
+        self._resets = ResetPoller(state=self._state, worker_ids=self.worker_ids, options=recovery,
+                                   wire=self._wire, fold=self._fold, recovery=self._recovery,
+                                   kill=self.kill)
+        self._stepper = Stepper(state=self._state, worker_ids=self.worker_ids, options=step,
+                                wire=self._wire, chunks=self._chunks, fold=self._fold,
+                                recovery=self._recovery)
         self._closed = False
         #: Set once the client gave up waiting for an unreachable server (close() then does no
         #: cleanup requests).
         self.unreachable = False
-        self._poll_delay = recovery.poll_initial
-        self._next_poll = 0.0
 
     # ------------------------------------------------------------------ configuration (read-only)
 
@@ -442,41 +441,7 @@ class EvalClient:
         """
         self._check_open()
         self.connect()
-        opts = self.recovery_options
-        for st in self._state.values():
-            st.out.clear(stopped_early=False)
-            st.rearm()
-        self._started = True
-        adopted: list[str] = []
-        if opts.kill_on_start and opts.adopt_on_start:
-            for wid in self.worker_ids:
-                entry = self._recovery.probe(wid)
-                if entry is not None:
-                    # Applied at once: a finished reset was just handed out, for the last time.
-                    adopted.append(wid)
-                    self._fold.apply(wid, entry, first=True)
-            if adopted:
-                log.info(
-                    "worker(s) %s: a reset from a previous client is under way or finished: "
-                    "collected instead of killing the worker", ", ".join(adopted)
-                )
-        rest = [w for w in self.worker_ids if w not in adopted]
-        if opts.kill_on_start and rest:
-            if opts.adopt_on_start:
-                self._fold.notify("results_not_held", list(rest))
-            self.kill(rest)
-        if rest:
-            t0 = time.perf_counter()
-            # Repeated if the connection is lost (a server restarting under a starting client):
-            # /reset is safe to repeat and re-creates workers the server lost.
-            data, resp = self._recovery.reset_call(rest)
-            entries = parse_step_response(data, rest)
-            total = (time.perf_counter() - t0) * 1000
-            for wid in rest:
-                self._state[wid].timing = StepTiming(total_ms=total, server_ms=server_ms(resp))
-                self._fold.apply(wid, entries[wid], first=True)
-        # Workers usually finish their first reset together: give the others a moment.
-        self._settle(block=True, grace=opts.reset_grace)
+        self._resets.reset()
         return self.entries()
 
     @_interruptible
@@ -487,80 +452,8 @@ class EvalClient:
         is pending (then ``step`` has nothing to send).
         """
         self._check_open()
-        for st in self._state.values():
-            st.out.clear(stopped_early=False)
-        self._settle(block=block)
+        self._resets.poll(block=block)
         return self.entries()
-
-    def _pending(self) -> list[str]:
-        return [w for w in self.worker_ids if self._state[w].phase.pending]
-
-    def _any_actionable(self) -> bool:
-        return any(st.actionable for st in self._state.values())
-
-    def _settle(self, *, block: bool, grace: float = 0.0) -> None:
-        """Poll ``/reset_result`` for pending workers.
-
-        ``block``: keep polling (with backoff) until some worker has an observation or every
-        worker finished — and, with ``grace``, up to that many more seconds for the others;
-        else at most one poll, rate-limited by the backoff.
-        """
-        opts = self.recovery_options
-        pending = self._pending()
-        if not pending:
-            self._poll_delay = opts.poll_initial
-            return
-        now = time.monotonic()
-        if not block and now < self._next_poll:
-            return
-        deadline = self.timeouts["reset_deadline"]
-        started = now
-        grace_start: float | None = None
-        if block and not self._any_actionable():
-            self._wire.wait(opts.poll_initial)
-        while True:
-            try:
-                self._poll_once(pending)
-            except GenmanipError as exc:
-                self._recovery.recover_poll(exc, pending)
-            pending = self._pending()
-            self._poll_delay = min(opts.poll_max, self._poll_delay * 1.5) if pending else opts.poll_initial
-            self._next_poll = time.monotonic() + self._poll_delay
-            if not pending or not block:
-                return
-            if self._any_actionable():
-                if grace_start is None:
-                    grace_start = time.monotonic()
-                if time.monotonic() - grace_start >= grace:
-                    return
-            waited = time.monotonic() - started
-            if waited >= deadline:
-                raise ResetTimeout(
-                    f"worker(s) {', '.join(pending)} still reset_pending after {deadline:g} s "
-                    "of polling /reset_result",
-                    workers=pending,
-                    deadline=deadline,
-                )
-            self._wire.wait(min(self._poll_delay, max(0.0, deadline - waited)))
-
-    def _poll_once(self, ids: list[str]) -> None:
-        wire = self._wire
-
-        def poll() -> Any:
-            return wire.call(wire.http, "/reset_result", {"worker_ids": ids},
-                             timeout=self.timeouts["reset_result"])[0]
-
-        data = retry_call(
-            poll,
-            # Only retry what never reached the server: /reset_result is a destructive read.
-            retry_on=lambda e: isinstance(e, ConnectError)
-            or (isinstance(e, HTTPStatusError) and e.status == 503),
-            backoff=_backoff(initial=0.2, factor=2.0, max_delay=2.0, jitter=0.2, deadline=30.0),
-            interrupt=wire.interrupted,
-        )
-        parsed = parse_step_response(data, ids)
-        for w in ids:
-            self._fold.apply(w, parsed[w], first=False)
 
     # ------------------------------------------------------------------ step
 
@@ -613,137 +506,14 @@ class EvalClient:
                 :meth:`close`).
         """
         self._check_open()
-        if not self._started:
+        if not self._resets.started:
             raise GenmanipEvalError(
                 "step() before reset(): call client.reset() first to get the first observations"
             )
-        norm = normalize_step_input(actions, self.worker_ids)
-        per_worker: dict[str, list[dict[str, Any]]] = {}
-        for wid, acts in norm.per_worker.items():
-            if not self._state[wid].actionable:
-                log.debug("worker %s has no observation to act on: ignoring its action(s)", wid)
-                continue
-            per_worker[wid] = [self._check_action(wid, a, i) for i, a in enumerate(acts)]
-        for st in self._state.values():
-            st.out.clear(stopped_early=True)
-        meta = meta or {}
-        if per_worker:
-            for wid, sent in per_worker.items():
-                self._state[wid].in_flight = SentActions(tuple(sent), meta.get(wid) or {}, norm.chunk)
-            try:
-                if norm.chunk:
-                    self._step_chunks(per_worker, meta)
-                else:
-                    self._step_single(per_worker, meta)
-            except StepError as exc:
-                self._recovery.recover_step(exc, per_worker, meta, chunked=norm.chunk)
-            except KeyboardInterrupt:
-                raise  # the unanswered workers keep in_flight: close() asks what became of them
-            except BaseException:
-                self._clear_in_flight()
-                raise
-            self._clear_in_flight()
+        self._stepper.step(actions, meta=meta)
         if settle:
-            self._settle(block=not self._any_actionable())
+            self._resets.settle(block=not self._resets.any_actionable())
         return self.entries(), self.done
-
-    def _check_action(self, wid: str, action: Mapping[str, Any], index: int) -> dict[str, Any]:
-        if not self.step_options.validate:
-            return dict(action)
-        st = self._state[wid]
-        robot = self.step_options.robot or st.robot
-        ts = timestep_of(st.obs)
-        step = None if ts is None else ts + index
-        if robot is None:
-            raise GenmanipEvalError(
-                f"worker {wid}: cannot validate the action: the robot is unknown "
-                "(no robot_id in the observation)",
-                hint="pass robot='manip/lift2/R5a' (or --robot) or validate=False",
-            )
-        return validate_action(robot, action, worker=wid, step=step)
-
-    def _step_single(
-        self, per_worker: dict[str, list[dict[str, Any]]], meta: Mapping[str, Mapping[str, Any]]
-    ) -> None:
-        body = {wid: acts[0] for wid, acts in per_worker.items()}
-        wids = list(body)
-        limit = self.timeouts["step"]
-        t0 = time.perf_counter()
-        try:
-            data, resp = self._wire.call(self._wire.http, "/step", body, timeout=limit)
-            entries = parse_step_response(data, wids)
-        except GenmanipError as exc:
-            raise step_error(exc, "/step", wids, limit) from exc
-        timing = _timing(t0, resp, meta)
-        for wid in wids:
-            self._finish_worker_step(wid, per_worker[wid], entries[wid], timing(wid), meta,
-                                     chunked=False)
-
-    def _one_chunk(self, wid: str, acts: list[dict[str, Any]]) -> tuple[WorkerEntry, Any, int, float]:
-        """One worker's ``/step_chunk`` (on its own connection when chunks go in parallel)."""
-        wire = self._wire
-        http = wire.transport_for(wid) if self._chunks.parallel else wire.http
-        body = [{wid: a} for a in acts]
-        timeout = self.timeouts["step_chunk"] * max(1, len(acts))
-        t0 = time.perf_counter()
-        try:
-            data, resp = wire.call(http, "/step_chunk", body, timeout=timeout,
-                                   query=self.step_options.chunk_query())
-            parsed = parse_chunk_response(data, [wid])
-        except GenmanipError as exc:
-            raise step_error(exc, "/step_chunk", [wid], timeout) from exc
-        total = (time.perf_counter() - t0) * 1000
-        executed = parsed.executed_steps
-        if not 0 <= executed <= len(acts):
-            raise StepError(
-                f"reply to POST /step_chunk for worker {wid}: executed_steps={executed} is outside "
-                f"0..{len(acts)}",
-                route="/step_chunk",
-                workers=[wid],
-                sent=True,
-                maybe_executed=True,
-            )
-        self._state[wid].out.stopped_early = parsed.stopped_early
-        return parsed.entries[wid], resp, executed, total
-
-    def _step_chunks(
-        self, per_worker: dict[str, list[dict[str, Any]]], meta: Mapping[str, Mapping[str, Any]]
-    ) -> None:
-        results, errors = self._chunks.run(per_worker, lambda w: self._one_chunk(w, per_worker[w]))
-        # Workers whose chunk succeeded are applied (and recorded) even if another one failed.
-        for wid, acts in per_worker.items():
-            if wid not in results:
-                continue
-            entry, resp, executed, total = results[wid]
-            srv = server_ms(resp)
-            timing = StepTiming(total_ms=total, server_ms=srv,
-                                network_ms=None if srv is None else max(0.0, total - srv),
-                                **_meta_timing(meta, wid))
-            self._finish_worker_step(wid, acts[:executed], entry, timing, meta,
-                                     chunked=True, chunk_size=len(acts))
-        raise_failures(errors)
-
-    def _finish_worker_step(
-        self,
-        wid: str,
-        executed: list[dict[str, Any]],
-        entry: WorkerEntry,
-        timing: StepTiming,
-        meta: Mapping[str, Mapping[str, Any]],
-        *,
-        chunked: bool,
-        chunk_size: int | None = None,
-    ) -> None:
-        st = self._state[wid]
-        st.timing = timing
-        st.failures = 0
-        st.in_flight = None
-        self._fold.executed(wid, executed, meta.get(wid) or {}, chunked=chunked, chunk_size=chunk_size)
-        self._fold.apply(wid, entry, first=False)
-
-    def _clear_in_flight(self) -> None:
-        for st in self._state.values():
-            st.in_flight = None
 
     # ------------------------------------------------------------------ state
 
@@ -765,7 +535,7 @@ class EvalClient:
     @property
     def done(self) -> bool:
         """True once every worker of this client has finished (no task left for it)."""
-        return self._started and all(st.phase is Phase.FINISHED for st in self._state.values())
+        return self._resets.started and all(st.phase is Phase.FINISHED for st in self._state.values())
 
     def timing(self, worker_id: str) -> StepTiming:
         """Latency split of the last request for ``worker_id``."""
@@ -804,58 +574,14 @@ class EvalClient:
         self._closed = True
         self._wire.rearm()
         try:
-            if self.unreachable and self._started and not self.done:
+            if self.unreachable and self._resets.started and not self.done:
                 # Cleanup against a server known to be gone would only wait (a kill's retries,
                 # a probe's timeout): its workers and their seeds die or expire with it.
                 log.info("close(): the server at %s is unreachable: workers not released", self.base_url)
-            elif self.recovery_options.kill_on_close and self._started and not self.done:
-                self._recovery.settle_in_flight()
-                kept = [w for w, st in self._state.items() if st.phase is Phase.AWAITING_RESULT]
-                doomed = [w for w, st in self._state.items()
-                          if st.phase is not Phase.FINISHED and w not in kept]
-                if kept:
-                    log.info(
-                        "worker(s) %s left resetting: the result of the episode each just finished "
-                        "is collected by the next client on the same worker id(s)", ", ".join(kept)
-                    )
-                try:
-                    if doomed:
-                        # (bounded: cleanup must not keep a stopping run waiting for a server
-                        # that went away meanwhile)
-                        self._wire.json_call("/kill", {"data": {"worker_ids": doomed}},
-                                             timeout_key="kill", retry=True, retry_deadline=5.0)
-                except GenmanipError as exc:
-                    log.warning("close(): /kill of workers %s failed: %s", ",".join(doomed), exc)
+            elif self.recovery_options.kill_on_close and self._resets.started and not self.done:
+                self._resets.release()
             if self._close_listener is not None:
                 self._close_listener(self)
         finally:
             self._chunks.close()
             self._wire.close()
-
-
-# ---------------------------------------------------------------------- helpers
-
-
-def _meta_timing(meta: Mapping[str, Mapping[str, Any]], wid: str) -> dict[str, Any]:
-    """The runner's part of a worker's :class:`StepTiming` (policy and queue ms, batch size)."""
-    m = meta.get(wid) or {}
-    out: dict[str, Any] = {}
-    for key in ("policy_ms", "queue_ms"):
-        if m.get(key) is not None:
-            out[key] = float(m[key])
-    if m.get("batch_size") is not None:
-        out["batch_size"] = int(m["batch_size"])
-    return out
-
-
-def _timing(t0: float, resp: Any, meta: Mapping[str, Mapping[str, Any]]) -> Callable[[str], StepTiming]:
-    """Per worker, the latency split of one request started at ``t0`` (perf_counter)."""
-    total = (time.perf_counter() - t0) * 1000
-    srv = server_ms(resp)
-
-    def of(wid: str) -> StepTiming:
-        return StepTiming(total_ms=total, server_ms=srv,
-                          network_ms=None if srv is None else max(0.0, total - srv),
-                          **_meta_timing(meta, wid))
-
-    return of
