@@ -39,17 +39,6 @@ class EventLog:
         with self._cv:
             return sum(int(p["n"]) for k, p in self.events if k == "steps")
 
-    def into_episode(self, worker_id: str) -> int:
-        """Steps ``worker_id`` reported since its last ended episode (since the start if none)."""
-        with self._cv:
-            n = 0
-            for k, p in self.events:
-                if k == "episode" and str(p.get("worker_id")) == worker_id:
-                    n = 0
-                elif k == "steps" and str(p.get("worker_id")) == worker_id:
-                    n += int(p["n"])
-            return n
-
     def wait(self, cond: Callable[[], bool], timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
         with self._cv:
@@ -59,11 +48,28 @@ class EventLog:
                 self._cv.wait(min(left, 0.5))
 
 
-def wait_for(cond: Callable[[], bool], timeout: float = 60.0, what: str = "condition") -> None:
+def wait_for(cond: Callable[[], bool], timeout: float = 60.0, what: str = "condition", *,
+             poll_s: float = 0.1) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
+        time.sleep(poll_s)
+
+
+def mid_episode(tb: Any, worker_ids: list[str]) -> bool:
+    """Every one of ``worker_ids`` is past the first step of an episode, on the testbed itself.
+
+    The server's state is now; the driver hears of a lane's steps (``EventLog``) a batch of events
+    later, by when a short episode may have ended. A kill now cannot land between a worker's
+    destructive ``/reset_result`` read and the recording of its result (the protocol's known
+    gap, docs/reliability.md) unless the worker's episode ends and its next reset is read before
+    the kill takes effect: at least one step's latency and a poll away.
+    """
+    for wid in worker_ids:
+        w = tb.core.workers.get(wid)
+        if w is None or w.pending is not None or w.episode is None or w.episode.timestep < 1:
+            return False
+    return True
 
 
 def last_attempts(snapshot: Mapping[str, Any]) -> dict[str, int]:

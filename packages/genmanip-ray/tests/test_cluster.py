@@ -13,7 +13,7 @@ import ray
 from genmanip_eval import EvalConfig, run_eval
 from genmanip_testbed import serve_testbed
 from ray.cluster_utils import Cluster
-from ray_helpers import EventLog, assert_exactly_once, run_json
+from ray_helpers import EventLog, assert_exactly_once, mid_episode, run_json, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -79,8 +79,8 @@ def test_a_node_removed_mid_run_loses_nothing(cluster: Cluster, tmp_path: Path) 
         t = threading.Thread(target=target, daemon=True)
         t.start()
         # (mid-episode for every worker, and with most of the job left)
-        log.wait(lambda: log.count("episode") >= 1 and log.steps() >= 20
-                 and all(log.into_episode(w) >= 2 for w in cfg.worker_ids))
+        log.wait(lambda: log.count("episode") >= 1 and log.steps() >= 20)
+        wait_for(lambda: mid_episode(tb, cfg.worker_ids), what="every worker mid-episode", poll_s=0.002)
         assert t.is_alive() and log.count("episode") <= 8, "the run was nearly over before the node went"
         cluster.remove_node(second, allow_graceful=False)
         t.join(240)
